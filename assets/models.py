@@ -1,0 +1,97 @@
+"""Evaluated and registered models: test-split evaluation, then the MLflow registry behind a gate."""
+
+import dagster as dg
+
+from assets.partitions import training_runs
+from resources.platform import PlatformResource
+from training_platform import tracking
+from training_platform.datasets import read_split
+from training_platform.evaluate import evaluate_checkpoint, find_checkpoint, load_model
+from training_platform.spec import parse_spec
+
+
+@dg.asset(
+    partitions_def=training_runs,
+    group_name="training",
+    kinds={"pytorch"},
+    description="Accuracy and loss on the held-out test split, from the run's final (lineage-linked) checkpoint.",
+)
+def evaluated_model(training_run: dict, checkpoints: dict, platform: PlatformResource) -> dg.Output[dict]:
+    spec = parse_spec(training_run["spec"])
+    final = checkpoints["final"]
+    manifest = find_checkpoint(checkpoints["store_uri"], training_run["run_id"], final["step"], final["sha256"])
+    evaluation, _ = evaluate_checkpoint(spec, platform.paths().snapshots, checkpoints["store_uri"], manifest)
+    if evaluation.weights_sha256 != training_run["final_weights_sha256"]:
+        raise dg.Failure(
+            description=f"checkpoint {manifest.uri} does not hold the run's final weights; re-run the partition"
+        )
+    tracking.log_metrics(
+        platform.mlflow_uri(),
+        training_run["mlflow_run_id"],
+        {"test_accuracy": evaluation.test_accuracy, "test_loss": evaluation.test_loss},
+    )
+    value = {
+        **evaluation.__dict__,
+        "run_id": training_run["run_id"],
+        "store_uri": checkpoints["store_uri"],
+        "checkpoint_sha256": manifest.manifest_sha256,
+    }
+    metadata = {
+        "test_accuracy": evaluation.test_accuracy,
+        "test_loss": evaluation.test_loss,
+        "test_rows": evaluation.test_rows,
+        "checkpoint": evaluation.checkpoint_uri,
+        "checkpoint_step": evaluation.checkpoint_step,
+    }
+    return dg.Output(value, metadata=metadata)
+
+
+@dg.asset(
+    partitions_def=training_runs,
+    group_name="training",
+    kinds={"mlflow"},
+    description="A model version in the MLflow registry; the champion alias moves only through the gate.",
+)
+def registered_model(
+    context: dg.AssetExecutionContext, training_run: dict, evaluated_model: dict, platform: PlatformResource
+) -> dg.Output[dict]:
+    spec = parse_spec(training_run["spec"])
+    tracking_uri = platform.mlflow_uri()
+    model_name = spec.name
+    gate = tracking.promotion_gate(tracking_uri, model_name, evaluated_model["test_accuracy"])
+    context.log.info(f"promotion gate: {'pass' if gate.promote else 'fail'}: {gate.reason}")
+
+    store_uri = evaluated_model["store_uri"]
+    manifest = find_checkpoint(
+        store_uri, training_run["run_id"], evaluated_model["checkpoint_step"], evaluated_model["checkpoint_sha256"]
+    )
+    snapshots = platform.paths().snapshots
+    model = load_model(spec, snapshots, store_uri, manifest)
+    example, _ = read_split(snapshots, spec.dataset.snapshot_id, "test")
+    lineage = training_run["lineage"]
+    tags = {
+        "training_run": training_run["run_id"],
+        "test_accuracy": f"{evaluated_model['test_accuracy']:.6f}",
+        "weights_sha256": training_run["final_weights_sha256"],
+        "checkpoint_uri": manifest.uri,
+        **{k: str(v) for k, v in lineage.items()},
+    }
+    version = tracking.register_model(
+        tracking_uri, training_run["mlflow_run_id"], model_name, model, example[:1], tags, gate.promote
+    )
+    value = {
+        "model_name": model_name,
+        "model_version": version,
+        "promoted": gate.promote,
+        "gate_reason": gate.reason,
+        "test_accuracy": evaluated_model["test_accuracy"],
+        "tracking_uri": tracking_uri,
+    }
+    metadata = {
+        "model_name": model_name,
+        "model_version": version,
+        "promoted": gate.promote,
+        "gate": gate.reason,
+        "champion_before": gate.champion_version or "none",
+    }
+    return dg.Output(value, metadata=metadata)

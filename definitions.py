@@ -1,0 +1,23 @@
+"""The code location: one Definitions object wiring assets, checks, resources and jobs."""
+
+import dagster as dg
+
+from assets import ALL_ASSETS, ALL_CHECKS, RUN_ASSETS, training_runs
+from resources import LauncherResource, PlatformResource
+
+snapshot_job = dg.define_asset_job(
+    "dataset_snapshot_job", selection=dg.AssetSelection.assets("dataset_snapshot"), description="Build a snapshot."
+)
+training_pipeline = dg.define_asset_job(
+    "training_pipeline",
+    selection=dg.AssetSelection.assets(*RUN_ASSETS),
+    partitions_def=training_runs,
+    description="Train, checkpoint, evaluate and register one run (a training_runs partition).",
+)
+
+defs = dg.Definitions(
+    assets=ALL_ASSETS,
+    asset_checks=ALL_CHECKS,
+    jobs=[snapshot_job, training_pipeline],
+    resources={"platform": PlatformResource(), "launcher": LauncherResource()},
+)

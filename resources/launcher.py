@@ -1,0 +1,59 @@
+"""One front door for every backend: the `training_run` asset is the same code whatever runs it.
+
+The resource opens a Dagster Pipes session whose messages travel through a file in the run
+directory (visible to the job on a local disk or a shared filesystem), submits the plan with
+the chosen launcher, and follows the job until it finishes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import dagster as dg
+from pydantic import Field
+
+from training_platform.errors import LaunchError
+from training_platform.launch import JobState, JobStatus, Launcher, RunRequest
+from training_platform.launch.local import LocalLauncher
+
+
+@dataclass
+class LaunchOutcome:
+    status: JobStatus
+    job_id: str
+    pipes_results: list
+    logs_tail: str
+
+
+class LauncherResource(dg.ConfigurableResource):
+    """Launches training runs: `local` (torchrun), `slurm` (sbatch + srun) or `k8s` (Job + Kueue)."""
+
+    mode: str = Field("local", description="backend used when a spec names none: local, slurm or k8s")
+    poll_seconds: float = Field(1.0, gt=0, description="how often the job's status is polled")
+
+    def launcher_for(self, backend: str) -> Launcher:
+        if backend == "local":
+            return LocalLauncher()
+        raise LaunchError(f"backend {backend!r} is not available in this build; use backend: local")
+
+    def run(self, context: dg.AssetExecutionContext, request: RunRequest, backend: str | None = None) -> LaunchOutcome:
+        launcher = self.launcher_for(backend or request.spec.backend or self.mode)
+        messages = request.run_dir / "pipes-messages.jsonl"
+        request.write_spec()
+        with dg.open_pipes_session(
+            context=context,
+            context_injector=dg.PipesEnvContextInjector(),
+            message_reader=dg.PipesFileMessageReader(str(messages)),
+        ) as session:
+            request = replace(request, env={**request.env, **session.get_bootstrap_env_vars()})
+            plan = launcher.plan(request)
+            context.log.info(f"launch plan:\n{plan.render()}")
+            handle = launcher.submit(plan)
+            context.log.info(f"submitted {handle.backend} job {handle.job_id}")
+            status = launcher.status(handle)
+            while not status.state.finished and status.state != JobState.PREEMPTED:
+                time.sleep(self.poll_seconds)
+                status = launcher.status(handle)
+        logs = launcher.logs(handle)
+        return LaunchOutcome(status, handle.job_id, list(session.get_results()), logs[-4000:])

@@ -1,0 +1,1 @@
+"""Sensors and schedules (preemption, run status, new data, retraining, sweeps)."""

@@ -1,0 +1,286 @@
+"""AsyncCheckpointer: the training loop blocks only to copy the state into a staging buffer.
+
+The staging buffer is an anonymous shared-memory file (memfd), allocated once and pre-faulted,
+so a snapshot is one memcpy per tensor at memory bandwidth. A separate writer process (see
+writer_process.py; a process, not a thread, so hashing and writing never hold the trainer's
+GIL) reads the buffer and writes the checkpoint. At most one save is in flight: a new save
+either waits for it or is skipped (policy), and never touches the buffer a save is reading.
+A failed or killed background save is reported through `last_error` / `wait()`, not raised
+into the training loop; the next save starts a new writer when needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Literal
+
+import torch
+
+from training_platform.checkpoints.manifest import CheckpointManifest
+from training_platform.checkpoints.serialization import dtype_name, flatten_state
+from training_platform.checkpoints.store import CheckpointStore
+from training_platform.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+_ALIGN = 64
+
+
+@dataclass
+class SaveResult:
+    """What became of one save_async call."""
+
+    run_id: str
+    step: int
+    manifest: CheckpointManifest | None = None
+    error: str | None = None
+    skipped: bool = False
+    stall_seconds: float = 0.0
+    background_seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.manifest is not None
+
+
+class _StagingBuffer:
+    """A memfd the writer maps through /proc/<pid>/fd/<fd>; nothing to leak if we are killed."""
+
+    def __init__(self, size: int):
+        self.size = max(size, 1)
+        self.fd = os.memfd_create("tp-checkpoint-staging", 0)
+        os.ftruncate(self.fd, self.size)
+        # MAP_POPULATE faults every page in now, so the first snapshot runs at memcpy speed.
+        self.map = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        self.tensor = torch.frombuffer(self.map, dtype=torch.uint8)
+
+    def close(self) -> None:
+        del self.tensor
+        with contextlib.suppress(BufferError):  # a view is still alive; freed with it
+            self.map.close()
+        os.close(self.fd)
+
+
+class AsyncCheckpointer:
+    """Checkpoint a training state in the background; `save_async` returns after the snapshot."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        *,
+        policy: Literal["wait", "skip"] = "wait",
+        niceness: int = 10,
+        start_timeout: float = 60.0,
+    ):
+        if policy not in ("wait", "skip"):
+            raise ValueError(f"policy must be 'wait' or 'skip', got {policy!r}")
+        self.store = store
+        self.policy = policy
+        self.niceness = niceness
+        self.start_timeout = start_timeout
+        self.results: list[SaveResult] = []
+        self._staging: _StagingBuffer | None = None
+        self._process: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._pending: SaveResult | None = None
+        self._pending_since = 0.0
+
+    # ----- public API ------------------------------------------------------------------------
+    def save_async(self, run_id: str, step: int, state: Any, metrics: dict[str, float] | None = None) -> None:
+        """Snapshot `state` into the staging buffer and hand it to the writer; never raises a save error."""
+        started = time.perf_counter()
+        if self._pending is not None:
+            self._collect(block=self.policy == "wait")
+            if self._pending is not None:  # policy "skip" and the previous save is still running
+                self.results.append(SaveResult(run_id, step, skipped=True, error="previous save still running"))
+                log.info("checkpoint step %d skipped: step %d is still being written", step, self._pending.step)
+                return
+        try:
+            self._ensure_writer()
+            skeleton, tensors = flatten_state(state)
+            layout = self._snapshot(tensors)
+        except Exception as exc:
+            self._record(SaveResult(run_id, step, error=f"snapshot failed: {exc}"))
+            return
+        stall = time.perf_counter() - started
+        request = {
+            "op": "save",
+            "staging": (os.getpid(), self._staging.fd, self._staging.size),
+            "run_id": run_id,
+            "step": step,
+            "skeleton": skeleton,
+            "tensors": layout,
+            "metrics": metrics or {},
+            "stall_seconds": stall,
+        }
+        self._pending = SaveResult(run_id, step, stall_seconds=stall)
+        self._pending_since = time.monotonic()
+        try:
+            self._conn.send(request)
+        except OSError:
+            self._collect(block=True)  # the writer is gone: record why, restart on the next save
+
+    def reserve(self, state: Any) -> None:
+        """Allocate the staging buffer for a state this size now, before training starts."""
+        _, tensors = flatten_state(state)
+        self._ensure_buffer(sum(_aligned(t.numel() * t.element_size()) for t in tensors))
+        self._ensure_writer()
+
+    def wait(self, timeout: float | None = None) -> SaveResult | None:
+        """Block until the in-flight save ends; returns the last save's result (None if none yet)."""
+        self._collect(block=True, timeout=timeout)
+        return self.results[-1] if self.results else None
+
+    @property
+    def in_flight(self) -> bool:
+        self._collect(block=False)
+        return self._pending is not None
+
+    @property
+    def last_error(self) -> str | None:
+        """The error of the most recent finished save that failed, or None if it succeeded."""
+        self._collect(block=False)
+        finished = [r for r in self.results if not r.skipped]
+        return finished[-1].error if finished else None
+
+    @property
+    def writer_pid(self) -> int | None:
+        return self._process.pid if self._process and self._process.poll() is None else None
+
+    def close(self) -> None:
+        """Finish the in-flight save, stop the writer, free the staging buffer."""
+        self._collect(block=True)
+        if self._conn is not None and self._process is not None and self._process.poll() is None:
+            try:
+                self._conn.send({"op": "stop"})
+                self._conn.recv()
+            except (OSError, EOFError):
+                pass
+        self._stop_writer()
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+
+    def __enter__(self) -> AsyncCheckpointer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ----- snapshot ----------------------------------------------------------------------------
+    def _snapshot(self, tensors: list[torch.Tensor]) -> list[tuple[int, int, str, list[int]]]:
+        sizes = [t.numel() * t.element_size() for t in tensors]
+        self._ensure_buffer(sum(_aligned(s) for s in sizes))
+        layout, offset = [], 0
+        staging = self._staging.tensor
+        for tensor, size in zip(tensors, sizes, strict=True):
+            if size:
+                source = tensor.detach().reshape(-1).view(torch.uint8) if tensor.is_contiguous() else None
+                if source is None:
+                    source = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+                staging[offset : offset + size].copy_(source)
+            layout.append((offset, size, dtype_name(tensor.dtype), list(tensor.shape)))
+            offset += _aligned(size)
+        return layout
+
+    def _ensure_buffer(self, size: int) -> None:
+        if self._staging is not None and self._staging.size >= size:
+            return
+        if self._staging is not None:
+            self._staging.close()
+        # Headroom so a state that grows a little (a new optimizer slot) does not reallocate.
+        self._staging = _StagingBuffer(int(size * 1.1) + (1 << 20))
+
+    # ----- the writer process ---------------------------------------------------------------------
+    def _ensure_writer(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            return
+        self._stop_writer()
+        parent, child = socket.socketpair()
+        env = dict(os.environ)
+        env["OMP_NUM_THREADS"] = "1"
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "training_platform.checkpoints.writer_process", str(child.fileno())],
+            pass_fds=[child.fileno()],
+            env=env,
+        )
+        child.close()
+        self._conn = Connection(parent.detach())
+        self._conn.send(
+            {
+                "storage": self.store.storage,
+                "lease_settle_seconds": self.store.lease_settle_seconds,
+                "niceness": self.niceness,
+            }
+        )
+        if not self._conn.poll(self.start_timeout):
+            self._stop_writer()
+            raise CheckpointError(f"the background checkpoint writer did not start in {self.start_timeout} s")
+        self._conn.recv()
+
+    def _stop_writer(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.kill()
+            self._process.wait()
+            self._process = None
+
+    def _collect(self, block: bool, timeout: float | None = None) -> None:
+        """Take the writer's answer for the in-flight save, if there is one (waiting when `block`)."""
+        if self._pending is None:
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                if self._conn is not None and self._conn.poll(0.05 if block else 0):
+                    self._finish(self._conn.recv())
+                    return
+            except (EOFError, OSError):
+                pass
+            if self._process is None or self._process.poll() is not None:
+                code = None if self._process is None else self._process.returncode
+                self._finish(
+                    {
+                        "ok": False,
+                        "error": f"the background checkpoint writer died (exit code {code}) while saving; "
+                        "the previous checkpoint is intact and the next save starts a new writer",
+                    }
+                )
+                self._stop_writer()
+                return
+            if not block or (deadline is not None and time.monotonic() > deadline):
+                return
+
+    def _finish(self, reply: dict) -> None:
+        result = self._pending
+        self._pending = None
+        result.background_seconds = time.monotonic() - self._pending_since
+        if reply.get("ok"):
+            manifest = CheckpointManifest.model_validate_json(reply["manifest"])
+            key = f"runs/{manifest.run_id}/{manifest.step:012d}.json"
+            result.manifest = manifest.model_copy(update={"uri": f"{reply['uri']}/{key}", "tier": "hot"})
+        else:
+            result.error = reply.get("error", "unknown error")
+        self._record(result)
+
+    def _record(self, result: SaveResult) -> None:
+        if result.error:
+            log.warning("checkpoint step %d of run %s failed: %s", result.step, result.run_id, result.error)
+        self.results.append(result)
+        del self.results[:-100]  # a long run keeps only recent results in memory
+
+
+def _aligned(size: int) -> int:
+    return (size + _ALIGN - 1) // _ALIGN * _ALIGN

@@ -1,0 +1,49 @@
+"""Where things live under a store root; every key is validated before use.
+
+chunks/<sha256>                          content-addressed bytes (shared by all runs)
+runs/<run_id>/<step:012d>.json           manifests, written last
+pins/<run_id>/<step:012d>/<reason>.json  references that retention must keep
+leases/<id>.json                         saves in progress: chunks GC must not delete
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from training_platform.checkpoints.storage import validate_key
+
+
+def chunk_key(digest: str) -> str:
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise ValueError(f"invalid chunk digest {digest!r}")
+    return f"chunks/{digest}"
+
+
+def run_prefix(run_id: str) -> str:
+    return validate_key(f"runs/{run_id}")
+
+
+def manifest_key(run_id: str, step: int) -> str:
+    if step < 0:
+        raise ValueError(f"checkpoint step must be >= 0, got {step}")
+    return validate_key(f"runs/{run_id}/{step:012d}.json")
+
+
+def step_of_manifest_key(key: str) -> int | None:
+    name = key.rsplit("/", 1)[-1]
+    stem = name.removesuffix(".json")
+    return int(stem) if name.endswith(".json") and stem.isdigit() else None
+
+
+def pin_prefix(run_id: str) -> str:
+    return validate_key(f"pins/{run_id}")
+
+
+def pin_key(run_id: str, step: int, reason: str) -> str:
+    # A reason is free text ("model churn-classifier v3"); its key is a digest, the text is in the body.
+    digest = hashlib.sha256(reason.encode()).hexdigest()[:16]
+    return validate_key(f"pins/{run_id}/{step:012d}/{digest}.json")
+
+
+def lease_key(lease_id: str) -> str:
+    return validate_key(f"leases/{lease_id}.json")

@@ -1,0 +1,106 @@
+"""The checkpoint manifest: written last, it is what makes a checkpoint visible.
+
+A checkpoint is a manifest pointing at content-addressed chunks. A tensor larger than one
+chunk is split, so an unchanged slice of it is deduplicated too. The manifest carries its
+own sha256 (over its canonical form without that field), so an edited manifest is detected
+just like an edited chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+FORMAT_VERSION = 2
+
+
+class ChunkRef(BaseModel):
+    """One stored object under ``chunks/<sha256>``."""
+
+    sha256: str
+    size: int
+
+
+class TensorRef(BaseModel):
+    """A tensor's bytes: `size` bytes from `offset` in the concatenation of its chunks.
+
+    Large tensors own their chunks (offset 0); small ones share a packed chunk.
+    """
+
+    dtype: str
+    shape: list[int]
+    size: int
+    offset: int = 0
+    chunks: list[ChunkRef]
+
+
+class FileRef(BaseModel):
+    """A file of a sharded (DCP) or framework (DeepSpeed) checkpoint directory."""
+
+    size: int
+    chunks: list[ChunkRef]
+
+
+class SaveRecord(BaseModel):
+    """How the save went: the figures shown per checkpoint in Dagster metadata."""
+
+    bytes_written: int = 0
+    bytes_deduplicated: int = 0
+    stall_seconds: float = 0.0
+    background_seconds: float = 0.0
+
+
+class CheckpointManifest(BaseModel):
+    format_version: int = FORMAT_VERSION
+    run_id: str
+    step: int
+    created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
+    kind: Literal["state", "files"] = "state"
+    skeleton: ChunkRef | None = None
+    tensors: list[TensorRef] = Field(default_factory=list)
+    files: dict[str, FileRef] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    save: SaveRecord = Field(default_factory=SaveRecord)
+    attributes: dict[str, str | int | float] = Field(default_factory=dict)
+    # Where this copy was read from; not part of the content hash.
+    uri: str = ""
+    tier: str = "hot"
+    manifest_sha256: str = ""
+
+    @property
+    def chunks(self) -> list[ChunkRef]:
+        refs = [self.skeleton] if self.skeleton else []
+        refs += [chunk for tensor in self.tensors for chunk in tensor.chunks]
+        refs += [chunk for file in self.files.values() for chunk in file.chunks]
+        unique = {ref.sha256: ref for ref in refs}  # packs are shared by several tensors
+        return list(unique.values())
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(chunk.size for chunk in self.chunks)
+
+    def content_hash(self) -> str:
+        body = self.model_dump(mode="json", exclude={"manifest_sha256", "uri", "tier"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def sealed(self) -> CheckpointManifest:
+        return self.model_copy(update={"manifest_sha256": self.content_hash()})
+
+    def summary(self) -> dict:
+        """The figures shown in Dagster metadata and the CLI (flat scalars)."""
+        return {
+            "step": self.step,
+            "uri": self.uri,
+            "bytes": self.total_bytes,
+            "sha256": self.manifest_sha256,
+            "created_at": self.created_at,
+            "bytes_written": self.save.bytes_written,
+            "bytes_deduplicated": self.save.bytes_deduplicated,
+            "stall_seconds": round(self.save.stall_seconds, 4),
+            "background_seconds": round(self.save.background_seconds, 4),
+            "tier": self.tier,
+        }

@@ -1,0 +1,155 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP) for DDP/FSDP state dicts.
+
+Every rank lets DCP write its own shard files to a local staging directory, then writes
+those files as content-addressed chunks through the store (in parallel on every rank).
+Rank 0 writes the manifest, listing every rank's files, only after all ranks' chunks are
+durable. Restore fetches and verifies the files into a staging directory and lets DCP load
+them, which reshards: a checkpoint written by N ranks loads on M ranks, or in one process
+without a process group, wherever DCP allows it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from training_platform.checkpoints.manifest import CheckpointManifest, SaveRecord
+from training_platform.checkpoints.store import CheckpointStore
+from training_platform.checkpoints.writer import protect_reused, publish, write_chunks
+from training_platform.errors import CheckpointError
+
+
+def _distributed(group) -> bool:
+    return dist.is_available() and dist.is_initialized() and (group is not None or dist.get_world_size() > 0)
+
+
+def _rank(group) -> int:
+    return dist.get_rank(group) if _distributed(group) else 0
+
+
+def _gather(obj: Any, group) -> list[Any]:
+    if not _distributed(group):
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def save_sharded(
+    store: CheckpointStore,
+    run_id: str,
+    step: int,
+    state_dict: dict[str, Any],
+    metrics: dict[str, float] | None = None,
+    *,
+    process_group=None,
+    staging_root: str | Path | None = None,
+) -> CheckpointManifest:
+    """Collective: every rank calls it; returns the manifest (on every rank)."""
+    started = time.monotonic()
+    rank = _rank(process_group)
+    staging = Path(tempfile.mkdtemp(prefix=f"tp-dcp-{rank}-", dir=staging_root))
+    try:
+        dcp.save(state_dict, storage_writer=dcp.FileSystemWriter(str(staging)), process_group=process_group)
+        files = {str(p.relative_to(staging)): p for p in sorted(staging.rglob("*")) if p.is_file()}
+        written = write_chunks(store.storage, files=files)
+        digests = {ref.sha256 for ref in written.files.values() for ref in ref.chunks}
+        lease = protect_reused(
+            store.storage, run_id, step, digests, written.stats, store.lease_settle_seconds
+        )
+        parts = _gather(
+            {
+                "files": {name: ref.model_dump() for name, ref in written.files.items()},
+                "written": written.stats.bytes_written,
+                "deduplicated": written.stats.bytes_deduplicated,
+                "lease": lease,
+            },
+            process_group,
+        )
+        manifest = None
+        if rank == 0:
+            merged = {}
+            for part in parts:
+                for name, ref in part["files"].items():
+                    if name in merged and merged[name] != ref:
+                        raise CheckpointError(f"two ranks wrote different contents for DCP file {name}")
+                    merged[name] = ref
+            manifest = publish(
+                store.storage,
+                CheckpointManifest(
+                    run_id=run_id,
+                    step=step,
+                    kind="files",
+                    files=merged,
+                    metrics=metrics or {},
+                    attributes={"format": "torch.distributed.checkpoint", "world_size": len(parts)},
+                    save=SaveRecord(
+                        bytes_written=sum(p["written"] for p in parts),
+                        bytes_deduplicated=sum(p["deduplicated"] for p in parts),
+                        background_seconds=time.monotonic() - started,
+                    ),
+                ),
+                [p["lease"] for p in parts],
+            )
+            manifest = store._located(manifest, "hot")
+        # No rank returns before the checkpoint is visible: the caller may prune or exit next.
+        return _broadcast(manifest, process_group)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _broadcast(obj: Any, group) -> Any:
+    if not _distributed(group):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+def load_sharded(
+    store: CheckpointStore,
+    manifest: CheckpointManifest,
+    state_dict: dict[str, Any],
+    *,
+    process_group=None,
+    staging_root: str | Path | None = None,
+) -> None:
+    """Collective: load `manifest` into `state_dict` in place, resharding to this group's layout."""
+    staging = Path(tempfile.mkdtemp(prefix=f"tp-dcp-restore-{_rank(process_group)}-", dir=staging_root))
+    try:
+        error = None
+        try:
+            store.restore_files(manifest, staging)
+        except (CheckpointError, OSError) as exc:
+            error = str(exc)
+        errors = [e for e in _gather(error, process_group) if e]
+        if errors:  # every rank agrees, so all of them fall back together
+            raise CheckpointError(errors[0])
+        dcp.load(state_dict, storage_reader=dcp.FileSystemReader(str(staging)), process_group=process_group)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def restore_latest_sharded(
+    store: CheckpointStore, run_id: str, state_dict: dict[str, Any], *, process_group=None
+) -> tuple[CheckpointManifest, list[tuple[int, str]]] | None:
+    """Collective: load the newest sharded checkpoint that verifies; returns it and the skipped ones."""
+    skipped: list[tuple[int, str]] = []
+    manifests = _broadcast(store.list(run_id) if _rank(process_group) == 0 else None, process_group)
+    for manifest in reversed(manifests):
+        if manifest.kind != "files":
+            continue
+        try:
+            store.check_manifest(manifest)
+            load_sharded(store, manifest, state_dict, process_group=process_group)
+        except CheckpointError as exc:
+            skipped.append((manifest.step, str(exc)))
+            continue
+        return manifest, skipped
+    return None

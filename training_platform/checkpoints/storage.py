@@ -1,0 +1,166 @@
+"""Byte storage under a checkpoint store: keys are relative, validated paths.
+
+A storage writes each object atomically: a reader sees either nothing or the whole object.
+This module imports no torch, so the background writer process starts quickly.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+_KEY_PART = re.compile(r"^[A-Za-z0-9_.=-]+$")
+# Large writes go out in pieces this size: big enough for full disk bandwidth, small enough
+# that a slice of a memoryview never needs a second copy.
+_WRITE_BLOCK = 8 << 20
+
+Buffer = bytes | bytearray | memoryview
+
+
+def validate_key(key: str) -> str:
+    """Refuse keys that could escape the store: absolute paths, '..', empty or odd parts."""
+    parts = key.split("/")
+    if key.startswith("/") or any(p in ("", ".", "..") or not _KEY_PART.match(p) for p in parts):
+        raise ValueError(
+            f"invalid storage key {key!r}: use relative paths of letters, digits, '_', '-', '.', '=' "
+            "with no '..' or empty parts"
+        )
+    return key
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    modified: float  # seconds since the epoch, as the storage reports it
+
+
+class Storage(Protocol):
+    """What a checkpoint store needs from a tier: atomic puts, whole-object gets, listing."""
+
+    uri: str
+
+    def put(self, key: str, data: Buffer, *, sync_parent: bool = True) -> None: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def get_into(self, key: str, out: memoryview) -> int: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str) -> list[str]: ...
+
+    def list_info(self, prefix: str) -> list[ObjectInfo]: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def sync(self, prefix: str) -> None: ...
+
+
+class LocalStorage:
+    """A directory on a local (or network) filesystem; atomic by write-to-temp, fsync, rename."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).resolve()
+        self.uri = str(self.root)
+
+    def __reduce__(self):
+        return (LocalStorage, (self.root,))
+
+    def _path(self, key: str) -> Path:
+        return self.root / validate_key(key)
+
+    def put(self, key: str, data: Buffer, *, sync_parent: bool = True) -> None:
+        """Write to a temporary name, fsync, rename; `sync_parent=False` defers the dir fsync to sync()."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data).cast("B")
+            while view:
+                written = os.write(fd, view[:_WRITE_BLOCK])
+                view = view[written:]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        os.replace(tmp, path)
+        if sync_parent:
+            _fsync_dir(path.parent)
+
+    def get(self, key: str) -> bytes:
+        return self._path(key).read_bytes()
+
+    def get_into(self, key: str, out: memoryview) -> int:
+        """Read the whole object into `out` without an intermediate copy; returns its size."""
+        with open(self._path(key), "rb", buffering=0) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > len(out):
+                raise ValueError(f"{key} is {size} bytes, larger than the {len(out)} expected")
+            done = 0
+            while done < size:
+                got = handle.readinto(out[done : min(size, done + _WRITE_BLOCK)])
+                if not got:
+                    break
+                done += got
+            return done
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str) -> list[str]:
+        return [info.key for info in self.list_info(prefix)]
+
+    def list_info(self, prefix: str) -> list[ObjectInfo]:
+        base = self._path(prefix.rstrip("/"))
+        if not base.is_dir():
+            return []
+        infos = []
+        for path in base.rglob("*"):
+            if path.name.startswith("."):
+                continue
+            try:
+                stat = path.stat()
+            except FileNotFoundError:  # deleted while listing (GC, prune)
+                continue
+            if path.is_file():
+                infos.append(ObjectInfo(str(path.relative_to(self.root)), stat.st_size, stat.st_mtime))
+        return sorted(infos, key=lambda info: info.key)
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def remove_stale_temporaries(self, older_than_seconds: float) -> int:
+        """Delete temporary files left by writers killed mid-put; returns how many."""
+        removed = 0
+        cutoff = time.time() - older_than_seconds
+        for path in self.root.rglob(".*.tmp"):
+            try:
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed
+
+    def sync(self, prefix: str) -> None:
+        """Make renames under `prefix` durable (puts made with sync_parent=False)."""
+        path = self._path(prefix.rstrip("/"))
+        if path.is_dir():
+            _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

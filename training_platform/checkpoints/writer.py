@@ -1,0 +1,285 @@
+"""Write one checkpoint: chunks in parallel (hash, dedup, write, fsync), then the manifest last.
+
+Torch-free on purpose: the background writer process imports only this, the storage and
+the manifest, so it starts in a fraction of a second and holds no training memory.
+
+Large tensors are cut into CHUNK_BYTES pieces; small tensors are packed together so a model
+of a thousand small tensors is not a thousand files (and S3 requests). Hashing and writing
+release the GIL, so a small thread pool keeps both the CPU and the disk busy.
+
+GC safety (see retention.gc): chunks this save found already present are listed in a lease
+object before they are re-checked, and the re-check happens at least LEASE_SETTLE_SECONDS
+after the lease became visible, longer than GC's lease-to-delete window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import mmap
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from training_platform.checkpoints.layout import chunk_key, lease_key, manifest_key
+from training_platform.checkpoints.manifest import (
+    CheckpointManifest,
+    ChunkRef,
+    FileRef,
+    SaveRecord,
+    TensorRef,
+)
+from training_platform.checkpoints.storage import Storage
+
+CHUNK_BYTES = 64 << 20
+PACK_BELOW_BYTES = 4 << 20
+LEASE_SETTLE_SECONDS = 1.0
+# GC deletes within GC_DELETE_WINDOW_SECONDS of reading the leases (retention.py); settling must be longer.
+MIN_SETTLE_SECONDS = 0.5
+WRITE_WORKERS = 4
+
+
+@dataclass
+class Blob:
+    """One tensor's raw bytes (a view, not a copy) with its dtype name and shape."""
+
+    data: memoryview
+    dtype: str
+    shape: list[int]
+
+
+@dataclass
+class SaveStats:
+    bytes_written: int = 0
+    bytes_deduplicated: int = 0
+    stall_seconds: float = 0.0
+    background_seconds: float = 0.0
+    _reused: dict[str, memoryview] = field(default_factory=dict, repr=False)
+
+
+class _ChunkSink:
+    """Hashes a piece, skips it when the store already has it, else writes it durably."""
+
+    def __init__(self, storage: Storage, stats: SaveStats):
+        self.storage = storage
+        self.stats = stats
+        self._lock = threading.Lock()
+        self._claimed: set[str] = set()
+
+    def put(self, piece: memoryview) -> ChunkRef:
+        digest = hashlib.sha256(piece).hexdigest()
+        key = chunk_key(digest)
+        with self._lock:
+            duplicate = digest in self._claimed
+            self._claimed.add(digest)
+        if duplicate or self.storage.exists(key):
+            with self._lock:
+                self.stats.bytes_deduplicated += len(piece)
+                if not duplicate:
+                    self.stats._reused[digest] = piece
+        else:
+            self.storage.put(key, piece, sync_parent=False)
+            with self._lock:
+                self.stats.bytes_written += len(piece)
+        return ChunkRef(sha256=digest, size=len(piece))
+
+
+@dataclass
+class WrittenChunks:
+    """Everything but the manifest: chunk references plus what it cost."""
+
+    skeleton: ChunkRef | None
+    tensors: list[TensorRef]
+    files: dict[str, FileRef]
+    stats: SaveStats
+
+
+def write_chunks(
+    storage: Storage,
+    *,
+    skeleton: bytes | None = None,
+    blobs: Sequence[Blob] = (),
+    files: dict[str, Path] | None = None,
+    workers: int = WRITE_WORKERS,
+) -> WrittenChunks:
+    """Hash, deduplicate and durably write every chunk (in parallel); no manifest yet."""
+    stats = SaveStats()
+    sink = _ChunkSink(storage, stats)
+    mapped: list[mmap.mmap] = []
+    try:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tp-ckpt-write") as pool:
+            skeleton_future = pool.submit(sink.put, memoryview(skeleton)) if skeleton is not None else None
+            tensor_plan = _plan_tensors(blobs)
+            by_piece: dict[int, Future] = {}  # a pack shared by many tensors is hashed once
+
+            def submit(piece: memoryview) -> Future:
+                if id(piece) not in by_piece:
+                    by_piece[id(piece)] = pool.submit(sink.put, piece)
+                return by_piece[id(piece)]
+
+            tensor_futures = [[submit(piece) for piece in pieces] for pieces, _ in tensor_plan]
+            file_futures = {
+                name: [pool.submit(sink.put, piece) for piece in _pieces(_map_file(Path(path), mapped))]
+                for name, path in sorted((files or {}).items())
+            }
+            written = WrittenChunks(
+                skeleton=skeleton_future.result() if skeleton_future else None,
+                tensors=[
+                    TensorRef(
+                        dtype=blob.dtype,
+                        shape=blob.shape,
+                        size=len(blob.data),
+                        offset=offset,
+                        chunks=[f.result() for f in futures],
+                    )
+                    for blob, futures, (_, offset) in zip(blobs, tensor_futures, tensor_plan, strict=True)
+                ],
+                files={
+                    name: FileRef(size=sum(f.result().size for f in futs), chunks=[f.result() for f in futs])
+                    for name, futs in file_futures.items()
+                },
+                stats=stats,
+            )
+        storage.sync("chunks")
+        return written
+    finally:
+        for handle in mapped:
+            with contextlib.suppress(BufferError):  # a reused piece still refers to it; freed with it
+                handle.close()
+
+
+def protect_reused(
+    storage: Storage,
+    run_id: str,
+    step: int,
+    digests: set[str],
+    stats: SaveStats,
+    settle_seconds: float = LEASE_SETTLE_SECONDS,
+) -> str | None:
+    """Lease the chunks this save references, then re-check those it did not write (see retention.py).
+
+    Returns the lease key, to delete once the manifest is written (None when nothing was reused).
+    """
+    if not stats._reused:
+        return None
+    key = lease_key(uuid.uuid4().hex)
+    storage.put(key, json.dumps({"run_id": run_id, "step": step, "chunks": sorted(digests)}).encode())
+    time.sleep(max(settle_seconds, MIN_SETTLE_SECONDS))
+    for digest, piece in stats._reused.items():
+        if not storage.exists(chunk_key(digest)):
+            storage.put(chunk_key(digest), piece)
+    stats._reused.clear()
+    return key
+
+
+def publish(storage: Storage, manifest: CheckpointManifest, leases: Sequence[str | None] = ()) -> CheckpointManifest:
+    """Seal and write the manifest (the moment the checkpoint becomes visible), then drop leases."""
+    manifest = manifest.sealed()
+    storage.put(manifest_key(manifest.run_id, manifest.step), manifest.model_dump_json(indent=1).encode())
+    for lease in leases:
+        if lease:
+            storage.delete(lease)
+    return manifest
+
+
+def write_checkpoint(
+    storage: Storage,
+    run_id: str,
+    step: int,
+    *,
+    skeleton: bytes | None = None,
+    blobs: Sequence[Blob] = (),
+    files: dict[str, Path] | None = None,
+    metrics: dict[str, float] | None = None,
+    attributes: dict[str, str | int | float] | None = None,
+    stall_seconds: float = 0.0,
+    workers: int = WRITE_WORKERS,
+    lease_settle_seconds: float = LEASE_SETTLE_SECONDS,
+) -> tuple[CheckpointManifest, SaveStats]:
+    """Write chunks, then the manifest; returns the sealed manifest (uri unset) and stats."""
+    started = time.monotonic()
+    manifest_key(run_id, step)  # refuse a bad run id before writing anything
+    written = write_chunks(storage, skeleton=skeleton, blobs=blobs, files=files, workers=workers)
+    stats = written.stats
+    stats.stall_seconds = stall_seconds
+    manifest = CheckpointManifest(
+        run_id=run_id,
+        step=step,
+        kind="files" if files else "state",
+        skeleton=written.skeleton,
+        tensors=written.tensors,
+        files=written.files,
+        metrics=metrics or {},
+        attributes=attributes or {},
+    )
+    digests = {ref.sha256 for ref in manifest.chunks}
+    lease = protect_reused(storage, run_id, step, digests, stats, lease_settle_seconds)
+    stats.background_seconds = time.monotonic() - started
+    manifest.save = SaveRecord(
+        bytes_written=stats.bytes_written,
+        bytes_deduplicated=stats.bytes_deduplicated,
+        stall_seconds=stats.stall_seconds,
+        background_seconds=stats.background_seconds,
+    )
+    return publish(storage, manifest, [lease]), stats
+
+
+def _plan_tensors(blobs: Sequence[Blob]) -> list[tuple[list[memoryview], int]]:
+    """For each blob: the pieces holding its bytes and its offset in the first piece.
+
+    Small blobs share pack buffers (consecutive small tensors, in state order, so an
+    unchanged group of them yields an identical pack and deduplicates).
+    """
+    plan: list[tuple[list[memoryview], int] | None] = [None] * len(blobs)
+    pack: list[int] = []
+    pack_bytes = 0
+
+    def flush() -> None:
+        nonlocal pack, pack_bytes
+        if not pack:
+            return
+        buffer = bytearray(pack_bytes)
+        offset = 0
+        for index in pack:
+            data = blobs[index].data
+            buffer[offset : offset + len(data)] = data
+            plan[index] = ([], offset)
+            offset += len(data)
+        view = memoryview(buffer)
+        for index in pack:
+            plan[index] = ([view], plan[index][1])
+        pack, pack_bytes = [], 0
+
+    for index, blob in enumerate(blobs):
+        size = len(blob.data)
+        if size >= PACK_BELOW_BYTES:
+            plan[index] = (_pieces(blob.data), 0)
+            continue
+        if pack_bytes + size > CHUNK_BYTES:
+            flush()
+        pack.append(index)
+        pack_bytes += size
+    flush()
+    return plan
+
+
+def _pieces(view: memoryview) -> list[memoryview]:
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    if not len(view):
+        return [view]
+    return [view[i : i + CHUNK_BYTES] for i in range(0, len(view), CHUNK_BYTES)]
+
+
+def _map_file(path: Path, mapped: list[mmap.mmap]) -> memoryview:
+    with open(path, "rb") as handle:
+        size = path.stat().st_size
+        if size == 0:
+            return memoryview(b"")
+        handle_map = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ)
+    mapped.append(handle_map)
+    return memoryview(handle_map)

@@ -1,0 +1,92 @@
+"""The background writer: a separate process that turns a staged snapshot into a checkpoint.
+
+Started by AsyncCheckpointer as ``python -m training_platform.checkpoints.writer_process FD``
+(a fresh interpreter, not a fork: it shares no locks, threads or rendezvous ports with the
+trainer, so it works under torchrun). It imports no torch. It reads the snapshot from the
+trainer's memfd staging buffer through /proc, writes chunks and the manifest, and answers
+with the manifest or the error. When the trainer goes away its socket closes and this exits.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+from training_platform.checkpoints.writer import Blob, write_checkpoint
+
+
+class _Staging:
+    """The trainer's staging buffer, mapped read-only; remapped when the trainer grows it."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int, int] | None = None
+        self.map: mmap.mmap | None = None
+
+    def view(self, pid: int, fd: int, size: int) -> memoryview:
+        if self.key != (pid, fd, size):
+            self.close()
+            with open(f"/proc/{pid}/fd/{fd}", "rb") as handle:
+                self.map = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ)
+            self.key = (pid, fd, size)
+        return memoryview(self.map)
+
+    def close(self) -> None:
+        if self.map is not None:
+            self.map.close()
+        self.map, self.key = None, None
+
+
+def serve(conn: Connection) -> None:
+    init = conn.recv()
+    storage, settle = init["storage"], init["lease_settle_seconds"]
+    if init.get("niceness"):
+        os.nice(init["niceness"])
+    staging = _Staging()
+    conn.send({"ready": True, "pid": os.getpid()})
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        if request["op"] == "stop":
+            conn.send({"stopped": True})
+            return
+        try:
+            buffer = staging.view(*request["staging"])
+            blobs = [
+                Blob(data=buffer[offset : offset + size], dtype=dtype, shape=shape)
+                for offset, size, dtype, shape in request["tensors"]
+            ]
+            manifest, stats = write_checkpoint(
+                storage,
+                request["run_id"],
+                request["step"],
+                skeleton=request["skeleton"],
+                blobs=blobs,
+                metrics=request["metrics"],
+                stall_seconds=request["stall_seconds"],
+                lease_settle_seconds=settle,
+            )
+            del blobs
+            conn.send({"ok": True, "manifest": manifest.model_dump_json(), "uri": storage.uri})
+        except Exception as exc:  # reported to the trainer, never raised into its loop
+            detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            conn.send({"ok": False, "error": detail})
+
+
+def main() -> None:
+    fd = int(sys.argv[1])
+    sock = socket.socket(fileno=fd)
+    conn = Connection(sock.detach())
+    try:
+        serve(conn)
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    main()

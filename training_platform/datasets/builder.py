@@ -1,0 +1,130 @@
+"""Build a snapshot: split a source deterministically, write Parquet shards, publish the manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from training_platform.datasets.manifest import LABEL, ROW_ID, SPLITS, ShardRef, SnapshotManifest
+from training_platform.datasets.sources import RawSource, load_source
+from training_platform.datasets.store import write_manifest, write_shard
+from training_platform.errors import SnapshotError
+
+SPLIT_SEED = 20240101
+SPLIT_FRACTIONS = {"train": 0.70, "validation": 0.15, "test": 0.15}
+MIN_SHARDS_PER_SPLIT = 2
+MAX_SHARD_ROWS = 1024
+ROW_GROUP_ROWS = 256
+
+
+def build_snapshot(source: str, root: Path, *, seed: int = SPLIT_SEED) -> SnapshotManifest:
+    """Build (or find) the snapshot of a registered source under root; same source, same id."""
+    raw = load_source(source)
+    return write_snapshot(root, raw, assign_splits(raw.labels, seed=seed), seed=seed)
+
+
+def assign_splits(labels: np.ndarray, *, seed: int = SPLIT_SEED) -> dict[str, np.ndarray]:
+    """Row indices per split, stratified by label, sorted; independent of numpy's RNG implementation."""
+    # Ranking rows by a hash of (seed, row index) gives a shuffle that no library upgrade can change.
+    keys = np.array([_shuffle_key(seed, row) for row in range(len(labels))], dtype=np.uint64)
+    parts: dict[str, list[np.ndarray]] = {split: [] for split in SPLIT_FRACTIONS}
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        members = members[np.argsort(keys[members], kind="stable")]
+        n_validation = round(len(members) * SPLIT_FRACTIONS["validation"])
+        n_test = round(len(members) * SPLIT_FRACTIONS["test"])
+        n_train = len(members) - n_validation - n_test
+        parts["train"].append(members[:n_train])
+        parts["validation"].append(members[n_train : n_train + n_validation])
+        parts["test"].append(members[n_train + n_validation :])
+    return {split: np.sort(np.concatenate(chunks)) for split, chunks in parts.items()}
+
+
+def _shuffle_key(seed: int, row: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{row}".encode()).digest()[:8], "big")
+
+
+def write_snapshot(
+    root: Path, raw: RawSource, split_rows: dict[str, np.ndarray], *, seed: int = SPLIT_SEED
+) -> SnapshotManifest:
+    """Write `raw` split as given; row ids are the rows' positions in the source."""
+    tables = {split: source_table(raw, rows) for split, rows in split_rows.items()}
+    return write_tables(
+        root,
+        tables,
+        source=raw.name,
+        source_sha256=raw.sha256,
+        num_classes=raw.num_classes,
+        feature_min=raw.feature_min,
+        feature_max=raw.feature_max,
+        split_seed=seed,
+    )
+
+
+def source_table(raw: RawSource, rows: np.ndarray) -> pa.Table:
+    """The rows of `raw` as a table: row_id, one column per feature, label."""
+    columns: dict[str, pa.Array] = {ROW_ID: pa.array(rows.astype(np.int64))}
+    for index in range(raw.features.shape[1]):
+        columns[f"{raw.feature_prefix}_{index}"] = pa.array(raw.features[rows, index])
+    columns[LABEL] = pa.array(raw.labels[rows].astype(np.int64))
+    return pa.table(columns)
+
+
+def write_tables(
+    root: Path,
+    tables: dict[str, pa.Table],
+    *,
+    source: str,
+    source_sha256: str,
+    num_classes: int,
+    feature_min: int,
+    feature_max: int,
+    split_seed: int,
+) -> SnapshotManifest:
+    """The low-level writer: shard each split's table, write the shards, then the manifest, last."""
+    schemas = {table.schema for table in tables.values()}
+    if len(schemas) != 1:
+        raise SnapshotError(
+            f"splits of source {source!r} disagree on their schema; every split needs the same columns"
+        )
+    schema = schemas.pop()
+    splits: dict[str, list[ShardRef]] = {}
+    # Canonical split order first, so manifests read train, validation, test.
+    for split in sorted(tables, key=_split_order):
+        table = tables[split]
+        count = max(MIN_SHARDS_PER_SPLIT, math.ceil(table.num_rows / MAX_SHARD_ROWS))
+        bounds = np.linspace(0, table.num_rows, count + 1).round().astype(int)
+        splits[split] = [
+            write_shard(root, encode_parquet(table.slice(start, stop - start)), rows=int(stop - start))
+            for start, stop in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+    manifest = SnapshotManifest(
+        source=source,
+        source_sha256=source_sha256,
+        schema={field.name: str(field.type) for field in schema},
+        num_features=len(schema) - 2,
+        num_classes=num_classes,
+        feature_min=feature_min,
+        feature_max=feature_max,
+        split_seed=split_seed,
+        splits=splits,
+        rows={split: tables[split].num_rows for split in splits},
+    )
+    return write_manifest(root, manifest)
+
+
+def _split_order(name: str) -> tuple[int, str]:
+    return (SPLITS.index(name) if name in SPLITS else len(SPLITS), name)
+
+
+def encode_parquet(table: pa.Table) -> bytes:
+    """Parquet bytes that depend only on the table (and the pyarrow version that writes them)."""
+    sink = pa.BufferOutputStream()
+    # Fixed row groups and codec; tables built from arrays carry no pandas or timestamp metadata.
+    pq.write_table(table, sink, row_group_size=ROW_GROUP_ROWS, compression="zstd", compression_level=3)
+    return sink.getvalue().to_pybytes()

@@ -1,0 +1,52 @@
+"""Read a snapshot's splits, verifying every shard's hash before it is parsed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from training_platform.datasets.manifest import LABEL, SnapshotManifest
+from training_platform.datasets.store import load_manifest, read_shard_bytes
+from training_platform.errors import SnapshotError
+
+
+def read_split(root: Path, snapshot_id: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Features (float32, scaled to [0, 1]) and labels (int64) of one split, in row_id order."""
+    manifest = load_manifest(root, snapshot_id)
+    table = read_split_table(root, manifest, split)
+    for name in table.column_names:
+        # Nulls would silently become NaN features; refuse them and point at the validator.
+        if table.column(name).null_count:
+            raise SnapshotError(
+                f"split {split!r} of snapshot {snapshot_id} has nulls in column {name!r}; "
+                f"run validate_snapshot for the full report and rebuild the snapshot"
+            )
+    features = np.stack([table.column(name).to_numpy() for name in manifest.feature_columns], axis=1)
+    features = features.astype(np.float32) / np.float32(manifest.feature_max)
+    labels = table.column(LABEL).to_numpy().astype(np.int64, copy=False)
+    return features, labels
+
+
+def read_split_table(root: Path, manifest: SnapshotManifest, split: str) -> pa.Table:
+    """One split as an Arrow table with the manifest's columns, shards verified and concatenated."""
+    if split not in manifest.splits:
+        raise SnapshotError(
+            f"snapshot {manifest.snapshot_id} has no split {split!r}; valid splits: "
+            f"{', '.join(manifest.split_names)}"
+        )
+    tables = []
+    for ref in manifest.splits[split]:
+        data = read_shard_bytes(root, manifest.snapshot_id, ref)
+        # Parse the bytes already verified, so the file cannot change between check and use.
+        table = pq.read_table(pa.BufferReader(data))
+        found = {field.name: str(field.type) for field in table.schema}
+        if found != manifest.schema:
+            raise SnapshotError(
+                f"shard {Path(root) / ref.path} of snapshot {manifest.snapshot_id} has columns that differ "
+                f"from its manifest's schema; rebuild the snapshot"
+            )
+        tables.append(table)
+    return pa.concat_tables(tables)

@@ -1,0 +1,27 @@
+"""Errors a user can act on. The CLI prints their message as one line and exits non-zero."""
+
+
+class PlatformError(Exception):
+    """Base class: the message names the problem and the fix."""
+
+    exit_code = 1
+
+
+class SpecError(PlatformError):
+    """The spec (or the environment it names) is invalid; nothing was launched."""
+
+    exit_code = 2
+
+
+class SnapshotError(PlatformError):
+    """A dataset snapshot is missing or does not verify."""
+
+    exit_code = 2
+
+
+class CheckpointError(PlatformError):
+    """A checkpoint could not be written or restored."""
+
+
+class LaunchError(PlatformError):
+    """A backend refused or failed a submission."""

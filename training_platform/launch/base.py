@@ -1,0 +1,114 @@
+"""The Launcher protocol shared by every backend (local torchrun, Slurm, Kubernetes).
+
+Deciding what to run (``plan``) is kept apart from running it (``submit``): a plan can be
+printed, tested and diffed without touching a cluster.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+from training_platform.spec import TrainSpec
+
+
+class JobState(StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    PREEMPTED = "PREEMPTED"
+    REQUEUED = "REQUEUED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+# The worker exits with this code after an emergency checkpoint, so launchers can tell a
+# preemption from a failure (EX_TEMPFAIL: "try again later").
+PREEMPTED_EXIT_CODE = 75
+# ...and leaves this file in its run directory, since torchrun/srun replace exit codes with their own.
+PREEMPTED_MARKER = "preempted.json"
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One run of a spec: the resolved spec plus where its files and tracking go."""
+
+    spec: TrainSpec
+    run_id: str
+    run_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def spec_path(self) -> Path:
+        return self.run_dir / "spec.json"
+
+    def write_spec(self) -> Path:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.spec_path.write_text(self.spec.model_dump_json(indent=2))
+        return self.spec_path
+
+    def worker_args(self) -> list[str]:
+        """The worker's own arguments, after `python -m` / torchrun's module flag."""
+        return ["training_platform.train", str(self.spec_path), "--run-id", self.run_id]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What will run, where, with which resources: printable without submitting."""
+
+    backend: str
+    run_id: str
+    command: list[str]
+    env: dict[str, str]
+    workdir: Path
+    resources: dict[str, object]
+    files: dict[str, str] = field(default_factory=dict)
+
+    def render(self) -> str:
+        lines = [f"backend: {self.backend}", f"run: {self.run_id}", f"workdir: {self.workdir}"]
+        lines += [f"resources: {', '.join(f'{k}={v}' for k, v in self.resources.items())}"]
+        lines += ["command: " + " ".join(self.command)]
+        for name, text in self.files.items():
+            lines += [f"--- {name}", text.rstrip()]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class JobHandle:
+    backend: str
+    job_id: str
+    run_id: str
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    state: JobState
+    reason: str = ""
+    exit_code: int | None = None
+    preemptions: int = 0
+    restarts: int = 0
+
+
+class Launcher(Protocol):
+    name: str
+
+    def plan(self, request: RunRequest) -> LaunchPlan: ...
+
+    def submit(self, plan: LaunchPlan) -> JobHandle: ...
+
+    def status(self, handle: JobHandle) -> JobStatus: ...
+
+    def cancel(self, handle: JobHandle) -> None: ...
+
+    def logs(self, handle: JobHandle) -> str: ...
+
+
+def python_executable() -> str:
+    return sys.executable

@@ -1,0 +1,146 @@
+"""Local launcher: torchrun on this machine (gloo on CPU, nccl when GPUs are present)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from training_platform.errors import LaunchError, SpecError
+from training_platform.launch.base import (
+    PREEMPTED_EXIT_CODE,
+    PREEMPTED_MARKER,
+    JobHandle,
+    JobState,
+    JobStatus,
+    LaunchPlan,
+    RunRequest,
+    python_executable,
+)
+
+EXIT_CODE_FILE = "exit_code"
+LOG_FILE = "worker.log"
+
+
+class LocalLauncher:
+    """Runs the worker under `torchrun --standalone` with one process per requested slot."""
+
+    name = "local"
+
+    def __init__(self, visible_gpus: int | None = None):
+        self.visible_gpus = _count_gpus() if visible_gpus is None else visible_gpus
+        self._procs: dict[str, subprocess.Popen] = {}
+
+    def check(self, request: RunRequest) -> None:
+        resources = request.spec.resources
+        if resources.nodes != 1:
+            raise SpecError(
+                f"resources.nodes: the local launcher runs on one machine (got {resources.nodes}); "
+                "set nodes: 1 or use --launcher slurm|k8s"
+            )
+        if resources.gpus_per_node > self.visible_gpus:
+            raise SpecError(
+                f"resources.gpus_per_node: {resources.gpus_per_node} GPU(s) requested but this machine has "
+                f"{self.visible_gpus}; set gpus_per_node: 0 to train on CPU, or use a GPU machine"
+            )
+
+    def plan(self, request: RunRequest) -> LaunchPlan:
+        self.check(request)
+        nproc = request.spec.resources.procs_per_node
+        command = [
+            python_executable(),
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            *request.worker_args(),
+        ]
+        return LaunchPlan(
+            backend=self.name,
+            run_id=request.run_id,
+            command=command,
+            env=dict(request.env),
+            workdir=request.run_dir,
+            resources={"nodes": 1, "procs_per_node": nproc, "gpus_per_node": request.spec.resources.gpus_per_node},
+        )
+
+    def submit(self, plan: LaunchPlan) -> JobHandle:
+        plan.workdir.mkdir(parents=True, exist_ok=True)
+        for stale in (EXIT_CODE_FILE, PREEMPTED_MARKER):
+            (plan.workdir / stale).unlink(missing_ok=True)
+        log = open(plan.workdir / LOG_FILE, "ab")  # noqa: SIM115 - handed to the child process
+        # A shell records the exit code so status() works from any process, not only this one.
+        # It forwards SIGTERM to torchrun and keeps waiting, so a preempted worker's emergency
+        # checkpoint and exit are observed instead of the shell's own death.
+        script = (
+            '"$@" & child=$!; trap \'kill -TERM "$child" 2>/dev/null\' TERM INT; '
+            'while :; do wait "$child"; code=$?; kill -0 "$child" 2>/dev/null || break; done; '
+            f'echo "$code" > {EXIT_CODE_FILE}'
+        )
+        try:
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", script, "sh", *plan.command],
+                cwd=plan.workdir,
+                env={**os.environ, **plan.env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise LaunchError(f"could not start torchrun: {exc}; check the Python environment") from exc
+        finally:
+            log.close()
+        self._procs[str(proc.pid)] = proc
+        return JobHandle(backend=self.name, job_id=f"{proc.pid}:{plan.workdir}", run_id=plan.run_id)
+
+    def status(self, handle: JobHandle) -> JobStatus:
+        pid, workdir = _parse(handle)
+        proc = self._procs.get(str(pid))
+        running = proc.poll() is None if proc else _alive(pid)
+        if running:
+            return JobStatus(JobState.RUNNING)
+        exit_file = workdir / EXIT_CODE_FILE
+        if not exit_file.is_file():
+            return JobStatus(JobState.CANCELLED, reason="the launcher process was terminated")
+        code = int(exit_file.read_text().strip() or 1)
+        if code == 0:
+            return JobStatus(JobState.SUCCEEDED, exit_code=0)
+        # torchrun reports its own exit status, so the worker also leaves a marker file.
+        if code == PREEMPTED_EXIT_CODE or (workdir / PREEMPTED_MARKER).is_file():
+            return JobStatus(JobState.PREEMPTED, "worker wrote an emergency checkpoint and exited", code)
+        return JobStatus(JobState.FAILED, f"torchrun exited with code {code}; see {workdir / LOG_FILE}", code)
+
+    def cancel(self, handle: JobHandle) -> None:
+        pid, _ = _parse(handle)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+
+    def logs(self, handle: JobHandle) -> str:
+        _, workdir = _parse(handle)
+        path = workdir / LOG_FILE
+        return path.read_text(errors="replace") if path.is_file() else ""
+
+
+def _parse(handle: JobHandle) -> tuple[int, Path]:
+    pid, _, workdir = handle.job_id.partition(":")
+    return int(pid), Path(workdir)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _count_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0

@@ -1,0 +1,303 @@
+"""SlurmLauncher: one sbatch job per run, one `srun torchrun` task per node.
+
+The batch script execs into `srun`, so a signal sent to the batch shell (`--signal=B:TERM@grace`
+before the time limit) reaches srun itself, which forwards it to torchrun on every node, which
+forwards it to the workers: they write an emergency checkpoint and exit. Preemption (partition
+priority, PreemptMode=REQUEUE) signals every process of the job the same way, then Slurm requeues
+it and the worker resumes from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from training_platform.errors import LaunchError
+from training_platform.launch.base import (
+    PREEMPTED_EXIT_CODE,
+    JobHandle,
+    JobState,
+    JobStatus,
+    LaunchPlan,
+    RunRequest,
+    python_executable,
+)
+from training_platform.launch.slurm_cluster import ClusterInfo, SlurmCommands, parse_scontrol_record
+
+
+class SlurmConfig(BaseModel):
+    """How specs map onto this Slurm cluster."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    spot_partition: str = Field("spot", description="partition for resources.spot=true (preemptable)")
+    ondemand_partition: str = Field("ondemand", description="partition for resources.spot=false")
+    qos_by_priority: dict[str, str] = Field(
+        default_factory=lambda: {"low": "low", "normal": "normal", "high": "high"},
+        description="QoS per resources.priority; a priority missing here submits without --qos",
+    )
+    gres_type_by_gpu: dict[str, str] = Field(
+        default_factory=dict,
+        description="Slurm GRES type per resources.gpu_type (e.g. H100 -> h100); default: lowercase name",
+    )
+    cpus_per_proc: int = Field(1, ge=1, description="CPUs reserved per worker process")
+    rdzv_base_port: int = Field(
+        29500, ge=1024, le=64000, description="rendezvous port = base + job id % 1000 (jobs may share a node)"
+    )
+    python: str = Field(default_factory=python_executable, description="python that runs torchrun on nodes")
+    worker_module: str = Field("training_platform.train", description="module torchrun starts on each rank")
+    slurm_conf: str | None = Field(None, description="SLURM_CONF for the client commands; default: theirs")
+    check_cluster: bool = Field(True, description="check partition, nodes and GPUs with scontrol before sbatch")
+    command_timeout_s: float = Field(30.0, gt=0, description="timeout of each Slurm client command")
+
+
+class SlurmLauncher:
+    """Plans, submits and watches sbatch jobs."""
+
+    name = "slurm"
+
+    def __init__(self, config: SlurmConfig | None = None) -> None:
+        self.config = config or SlurmConfig()
+        self.commands = SlurmCommands(self.config.slurm_conf, self.config.command_timeout_s)
+        self._logs: dict[str, Path] = {}
+
+    # -- deciding what to run ------------------------------------------------------------------
+
+    def plan(self, request: RunRequest) -> LaunchPlan:
+        spec = request.spec
+        res = spec.resources
+        spot_field = "slurm.partition" if spec.slurm.partition else "resources.spot"
+        partition = spec.slurm.partition or (
+            self.config.spot_partition if res.spot else self.config.ondemand_partition
+        )
+        qos = spec.slurm.qos or self.config.qos_by_priority.get(res.priority)
+        gres_type = None
+        if res.gpu_type:
+            gres_type = self.config.gres_type_by_gpu.get(res.gpu_type, res.gpu_type.lower())
+        resources: dict[str, object] = {
+            "nodes": res.nodes,
+            "procs_per_node": res.procs_per_node,
+            "cpus_per_node": res.procs_per_node * self.config.cpus_per_proc,
+            "gpus_per_node": res.gpus_per_node,
+            "gres_type": gres_type,
+            "partition": partition,
+            "partition_field": spot_field,
+            "qos": qos,
+            "time_limit": spec.slurm.time_limit,
+            "grace_period_seconds": spec.checkpoint.grace_period_seconds,
+        }
+        script = render_sbatch(request, resources, self.config, account=spec.slurm.account)
+        script_path = request.run_dir / "job.sbatch"
+        return LaunchPlan(
+            backend=self.name,
+            run_id=request.run_id,
+            command=["sbatch", "--parsable", str(script_path)],
+            env=dict(request.env),
+            workdir=request.run_dir,
+            resources=resources,
+            files={"spec.json": request.spec.model_dump_json(indent=2), "job.sbatch": script},
+        )
+
+    # -- running it ----------------------------------------------------------------------------
+
+    def check(self, plan: LaunchPlan) -> None:
+        """Refuse (SpecError) a plan this cluster cannot run: unknown partition, too many nodes/GPUs/CPUs."""
+        ClusterInfo.query(self.commands).check(plan.resources)
+
+    def submit(self, plan: LaunchPlan) -> JobHandle:
+        if self.config.check_cluster:
+            self.check(plan)
+        plan.workdir.mkdir(parents=True, exist_ok=True)
+        for name, text in plan.files.items():
+            (plan.workdir / name).write_text(text)
+        # The environment travels with sbatch (--export=ALL), not in the script, so no secret
+        # the caller passes in RunRequest.env is ever written to disk.
+        result = self.commands.run(plan.command, env=plan.env, check=False)
+        if result.returncode != 0:
+            raise LaunchError(
+                f"sbatch refused run {plan.run_id} (exit {result.returncode}):\n{result.stderr.strip()}\n"
+                f"check the script {plan.workdir / 'job.sbatch'} against `sinfo` (partitions, GPUs, "
+                "time limits) and that slurmctld answers (`scontrol ping`)"
+            )
+        job_id = result.stdout.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise LaunchError(f"sbatch answered {result.stdout.strip()!r}, not a job id; see its stderr above")
+        self._logs[job_id] = plan.workdir / f"slurm-{job_id}.out"
+        return JobHandle(backend=self.name, job_id=job_id, run_id=plan.run_id)
+
+    def status(self, handle: JobHandle) -> JobStatus:
+        result = self.commands.run(["scontrol", "show", "job", "-o", handle.job_id], check=False)
+        if result.returncode == 0 and result.stdout.strip():
+            return status_from_record(parse_scontrol_record(result.stdout.strip().splitlines()[0]))
+        return self._status_from_accounting(handle, result.stderr.strip())
+
+    def _status_from_accounting(self, handle: JobHandle, scontrol_error: str) -> JobStatus:
+        # slurmctld forgets finished jobs after MinJobAge; only accounting (sacct) remembers them.
+        config = self.commands.run(["scontrol", "show", "config"], check=False).stdout
+        if "accounting_storage/none" in config or "AccountingStorageType" not in config:
+            raise LaunchError(
+                f"Slurm job {handle.job_id} is no longer known to slurmctld ({scontrol_error}) and accounting "
+                "(sacct) is not configured; raise MinJobAge in slurm.conf or enable slurmdbd"
+            )
+        out = self.commands.run(
+            ["sacct", "-j", handle.job_id, "-X", "-n", "-P", "-o", "State,ExitCode,Restarts"], check=False
+        )
+        fields = out.stdout.strip().splitlines()[0].split("|") if out.stdout.strip() else []
+        if len(fields) < 2:
+            raise LaunchError(f"Slurm job {handle.job_id} is unknown to scontrol and sacct: {out.stderr.strip()}")
+        record = {"JobState": fields[0].split()[0], "ExitCode": fields[1], "Reason": "None"}
+        if len(fields) > 2:
+            record["Restarts"] = fields[2]
+        return status_from_record(record)
+
+    def cancel(self, handle: JobHandle) -> None:
+        self.commands.run(["scancel", handle.job_id])
+
+    def logs(self, handle: JobHandle) -> str:
+        path = self._logs.get(handle.job_id)
+        result = self.commands.run(["scontrol", "show", "job", "-o", handle.job_id], check=False)
+        if result.returncode == 0 and result.stdout.strip():
+            stdout = parse_scontrol_record(result.stdout.strip()).get("StdOut")
+            path = Path(stdout) if stdout else path
+        if path is None or not path.exists():
+            return ""
+        return path.read_text(errors="replace")
+
+
+def render_sbatch(
+    request: RunRequest, resources: dict[str, object], config: SlurmConfig, account: str | None = None
+) -> str:
+    """The batch script: #SBATCH header from the resources, then exec srun torchrun."""
+    run_dir = request.run_dir
+    gpus = int(resources["gpus_per_node"])  # type: ignore[call-overload]
+    header = [
+        f"--job-name=tp-{request.run_id}",
+        f"--nodes={resources['nodes']}",
+        # One task per node: torchrun spawns the node's worker processes itself.
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={resources['cpus_per_node']}",
+        f"--partition={resources['partition']}",
+        f"--time={resources['time_limit']}",
+        "--requeue",
+        # B: signals the batch shell only; it has exec'd into srun, which forwards to the workers.
+        f"--signal=B:TERM@{resources['grace_period_seconds']}",
+        f"--chdir={run_dir}",
+        f"--output={run_dir}/slurm-%j.out",
+        # Requeued runs append to the same log instead of truncating the first attempt's.
+        "--open-mode=append",
+        "--export=ALL",
+    ]
+    if gpus:
+        kind = f"{resources['gres_type']}:" if resources.get("gres_type") else ""
+        header.append(f"--gres=gpu:{kind}{gpus}")
+    if resources.get("qos"):
+        header.append(f"--qos={resources['qos']}")
+    if account:
+        header.append(f"--account={account}")
+    torchrun = [
+        config.python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        '"$SLURM_NNODES"',
+        "--nproc-per-node",
+        str(resources["procs_per_node"]),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        '"$head_node:$rdzv_port"',
+        "--rdzv-id",
+        '"$SLURM_JOB_ID"',
+        "-m",
+        config.worker_module,
+        *[shlex.quote(a) for a in request.worker_args()[1:]],
+    ]
+    lines = ["#!/bin/bash", *(f"#SBATCH {h}" for h in header), ""]
+    lines += [
+        f"# Generated by training_platform for run {request.run_id}.",
+        "set -uo pipefail",
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+        "# Jobs can share a node (a spot job in its grace time and the job preempting it).",
+        f"rdzv_port=$(({config.rdzv_base_port} + SLURM_JOB_ID % 1000))",
+        'echo "tp: job $SLURM_JOB_ID attempt $((${SLURM_RESTART_COUNT:-0} + 1)) on $SLURM_JOB_NODELIST,'
+        ' rendezvous $head_node:$rdzv_port"',
+        "# Before the time limit Slurm signals only this shell (--signal=B:TERM@grace): forward it to",
+        "# the step so each worker writes an emergency checkpoint.",
+        "term_received=0",
+        'trap \'term_received=1; echo "tp: SIGTERM, stopping workers for an emergency checkpoint";'
+        ' kill -TERM "$step" 2>/dev/null\' TERM',
+        "srun --kill-on-bad-exit=1 --ntasks-per-node=1 " + " ".join(torchrun) + " &",
+        "step=$!",
+        "# wait returns early when the trap runs: wait until the step itself has exited.",
+        'while true; do wait "$step"; rc=$?; kill -0 "$step" 2>/dev/null || break; done',
+        "# On preemption Slurm signals the step, not this shell, and a job that ends inside its grace",
+        "# time is not requeued; PreemptTime tells that it was preempted. Requeue it ourselves: the",
+        "# workers have checkpointed, the resources free up at once, and the next attempt resumes.",
+        'preempt_time=$(scontrol show job "$SLURM_JOB_ID" | grep -o "PreemptTime=[^ ]*" | cut -d= -f2)',
+        'if [[ $term_received == 1 || ( -n "$preempt_time" && "$preempt_time" != None ) ]]; then',
+        '    echo "tp: workers stopped (exit $rc); requeueing job $SLURM_JOB_ID to resume from the checkpoint"',
+        '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
+        f"    exit {PREEMPTED_EXIT_CODE}",
+        "fi",
+        'exit "$rc"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# scontrol JobState -> our state. Pending and running need the restart count to tell a first
+# attempt from a requeued one; see status_from_record.
+_STATES = {
+    "PENDING": JobState.PENDING,
+    "CONFIGURING": JobState.RUNNING,
+    "RUNNING": JobState.RUNNING,
+    "COMPLETING": JobState.RUNNING,
+    "STAGE_OUT": JobState.RUNNING,
+    "RESIZING": JobState.RUNNING,
+    "SUSPENDED": JobState.PREEMPTED,
+    "PREEMPTED": JobState.PREEMPTED,
+    "REQUEUED": JobState.REQUEUED,
+    "REQUEUE_FED": JobState.REQUEUED,
+    "REQUEUE_HOLD": JobState.REQUEUED,
+    "COMPLETED": JobState.SUCCEEDED,
+    "CANCELLED": JobState.CANCELLED,
+    "FAILED": JobState.FAILED,
+    "TIMEOUT": JobState.FAILED,
+    "NODE_FAIL": JobState.FAILED,
+    "BOOT_FAIL": JobState.FAILED,
+    "OUT_OF_MEMORY": JobState.FAILED,
+    "DEADLINE": JobState.FAILED,
+}
+
+
+def status_from_record(record: dict[str, str]) -> JobStatus:
+    """Map one `scontrol show job` record (or the same fields from sacct) to a JobStatus."""
+    raw_state = record.get("JobState", "UNKNOWN").split("+")[0].split()[0]
+    reason = record.get("Reason", "None")
+    restarts = int(record.get("Restarts", "0") or 0)
+    exit_code, _, signal = record.get("ExitCode", "").partition(":")
+    code = int(exit_code) if exit_code.isdigit() else None
+    state = _STATES.get(raw_state)
+    if state is None:
+        return JobStatus(JobState.FAILED, f"unknown Slurm state {raw_state}", code, restarts, restarts)
+    why = f"Slurm {raw_state}" + (f" ({reason})" if reason not in ("None", "") else "")
+    # Without accounting Slurm keeps no preemption counter; on this platform a requeue happens on
+    # preemption (PreemptMode=REQUEUE), so requeues count as preemptions.
+    preemptions = restarts
+    if state is JobState.PENDING and restarts:
+        state = JobState.REQUEUED
+        why = f"requeued after preemption, attempt {restarts + 1} waiting ({reason})"
+    elif state is JobState.RUNNING and restarts:
+        why = f"running attempt {restarts + 1} after {restarts} requeue(s)"
+    elif state is JobState.PREEMPTED:
+        preemptions = restarts + 1
+    elif state is JobState.FAILED and code == PREEMPTED_EXIT_CODE:
+        state = JobState.PREEMPTED
+        why = f"{why}: the worker wrote an emergency checkpoint and stopped; resubmit to resume"
+        preemptions = restarts + 1
+    elif state is JobState.FAILED and raw_state == "TIMEOUT":
+        why = f"{why}: hit slurm.time_limit; raise it or resubmit to resume from the last checkpoint"
+    elif signal not in ("", "0") and state is JobState.FAILED:
+        why = f"{why}, killed by signal {signal}"
+    return JobStatus(state=state, reason=why, exit_code=code, preemptions=preemptions, restarts=restarts)

@@ -1,0 +1,69 @@
+"""The lineage key: what a run was made from, so it can be found and built again."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+from training_platform.spec import TrainSpec
+
+
+@dataclass(frozen=True)
+class CodeVersion:
+    commit: str
+    dirty: bool
+
+
+def code_version(repo: Path | None = None) -> CodeVersion:
+    """The git commit of the project (and whether the tree had uncommitted changes)."""
+    cwd = repo or Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.CalledProcessError):
+        return CodeVersion(commit="unknown", dirty=True)
+    return CodeVersion(commit=commit, dirty=dirty)
+
+
+def environment_lock() -> list[str]:
+    """Installed distributions as sorted `name==version` lines."""
+    lines = {f"{d.metadata['Name'].lower()}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]}
+    return sorted(lines)
+
+
+def environment_lock_hash() -> str:
+    return hashlib.sha256("\n".join(environment_lock()).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class LineageKey:
+    snapshot_id: str
+    spec_hash: str
+    code_commit: str
+    code_dirty: bool
+    environment_lock_hash: str
+    seed: int
+    backend: str
+
+    @classmethod
+    def of(cls, spec: TrainSpec) -> LineageKey:
+        code = code_version()
+        return cls(
+            snapshot_id=spec.dataset.snapshot_id or "",
+            spec_hash=spec.spec_hash(),
+            code_commit=code.commit,
+            code_dirty=code.dirty,
+            environment_lock_hash=environment_lock_hash(),
+            seed=spec.training.seed,
+            backend=spec.backend,
+        )
+
+    def as_dict(self) -> dict:
+        return asdict(self)

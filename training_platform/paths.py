@@ -1,0 +1,53 @@
+"""Where the platform keeps its state on one machine (the embedded default).
+
+Everything lives under one project data directory: ``$TP_HOME`` when set, else ``.data/``
+in the current project. Each part gets a subdirectory so that a user can find, back up or
+delete it by name.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class PlatformHome:
+    root: Path
+
+    @classmethod
+    def from_env(cls) -> PlatformHome:
+        return cls(Path(os.environ.get("TP_HOME", Path.cwd() / ".data")).resolve())
+
+    @property
+    def snapshots(self) -> Path:
+        return self.root / "snapshots"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def dagster_home(self) -> Path:
+        return Path(os.environ.get("DAGSTER_HOME", self.root / "dagster"))
+
+    @property
+    def mlflow_tracking_uri(self) -> str:
+        return os.environ.get("MLFLOW_TRACKING_URI", f"sqlite:///{self.root / 'mlflow.db'}")
+
+    @property
+    def mlflow_artifacts(self) -> Path:
+        return self.root / "mlartifacts"
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs / run_id
+
+    def ensure(self) -> PlatformHome:
+        for path in (self.snapshots, self.checkpoints, self.runs, self.dagster_home, self.mlflow_artifacts):
+            path.mkdir(parents=True, exist_ok=True)
+        return self

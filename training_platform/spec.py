@@ -1,0 +1,265 @@
+"""Typed, validated training specs: the contract between users and every backend.
+
+A spec is validated once, at the edge (``load_spec``). Errors are collected into one
+``SpecError`` whose lines each name the field, the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from training_platform.errors import SpecError
+from training_platform.train.templates import TEMPLATES as MODEL_TEMPLATES
+
+GPU_TYPES = ("T4", "A10G", "L4", "L40S", "A100-40GB", "A100-80GB", "H100", "H200")
+DATASET_SOURCES = ("sklearn_digits",)
+STRATEGIES = ("ddp",)
+BACKENDS = ("local", "slurm", "k8s")
+
+_SLUG = r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    template: str = Field("digits_mlp", description=f"model template, one of {', '.join(MODEL_TEMPLATES)}")
+    size: Literal["tiny", "small", "base"] = Field("small", description="template size: tiny, small or base")
+
+    @field_validator("template")
+    @classmethod
+    def _known_template(cls, value: str) -> str:
+        if value not in MODEL_TEMPLATES:
+            raise ValueError(f"unknown template {value!r}; use one of: {', '.join(MODEL_TEMPLATES)}")
+        return value
+
+
+class DatasetSpec(_Strict):
+    source: str | None = Field(
+        "sklearn_digits", description=f"data source to snapshot, one of {', '.join(DATASET_SOURCES)}"
+    )
+    snapshot_id: str | None = Field(
+        None, description="an existing snapshot id (64 hex characters); overrides building from source"
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, value: str | None) -> str | None:
+        if value is not None and value not in DATASET_SOURCES:
+            raise ValueError(f"unknown source {value!r}; use one of: {', '.join(DATASET_SOURCES)}")
+        return value
+
+    @field_validator("snapshot_id")
+    @classmethod
+    def _hex_id(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) != 64 or any(c not in "0123456789abcdef" for c in value)):
+            raise ValueError("snapshot_id must be 64 lowercase hex characters (see `tp snapshots` or the UI)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_of(self) -> DatasetSpec:
+        if self.source is None and self.snapshot_id is None:
+            raise ValueError("set either dataset.source or dataset.snapshot_id")
+        return self
+
+
+class TrainingSpec(_Strict):
+    max_steps: int = Field(200, ge=1, description="optimizer steps to train for (>= 1)")
+    batch_size: int = Field(32, ge=1, le=65536, description="per-process batch size (>= 1)")
+    learning_rate: float = Field(1e-3, gt=0, le=10, description="optimizer learning rate (> 0)")
+    optimizer: Literal["adam", "adamw", "sgd"] = Field("adam", description="adam, adamw or sgd")
+    weight_decay: float = Field(0.0, ge=0, description="weight decay (>= 0)")
+    seed: int = Field(0, ge=0, description="random seed (>= 0); same seed, same weights on CPU")
+    eval_every: int = Field(50, ge=1, description="steps between validation passes (>= 1)")
+    log_every: int = Field(10, ge=1, description="steps between metric reports (>= 1)")
+
+
+class ResourceRequest(_Strict):
+    nodes: int = Field(1, ge=1, le=4096, description="number of nodes (>= 1)")
+    procs_per_node: int = Field(2, ge=1, le=64, description="processes per node (>= 1)")
+    gpus_per_node: int = Field(0, ge=0, le=16, description="GPUs per node (0 for CPU)")
+    gpu_type: str | None = Field(None, description=f"GPU type, one of {', '.join(GPU_TYPES)}")
+    spot: bool = Field(False, description="allow spot / preemptible capacity")
+    priority: Literal["low", "normal", "high"] = Field("normal", description="low, normal or high")
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _known_gpu(cls, value: str | None) -> str | None:
+        if value is not None and value not in GPU_TYPES:
+            raise ValueError(f"unknown GPU type {value!r}; use one of: {', '.join(GPU_TYPES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _gpu_consistency(self) -> ResourceRequest:
+        if self.gpu_type is not None and self.gpus_per_node == 0:
+            raise ValueError("gpu_type is set but gpus_per_node is 0; set gpus_per_node or remove gpu_type")
+        if self.gpus_per_node and self.procs_per_node > self.gpus_per_node:
+            raise ValueError(
+                f"procs_per_node ({self.procs_per_node}) exceeds gpus_per_node ({self.gpus_per_node}); "
+                "use one process per GPU"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+class CheckpointSpec(_Strict):
+    every_steps: int = Field(50, ge=1, description="steps between checkpoints (>= 1)")
+    grace_period_seconds: int = Field(
+        60, ge=5, le=3600, description="seconds from SIGTERM (preemption) to kill: emergency checkpoint"
+    )
+    keep_last: int = Field(3, ge=1, description="checkpoints to keep (>= 1)")
+    store_uri: str | None = Field(
+        None, description="local directory or s3://bucket/prefix; default: the project's data directory"
+    )
+
+    @field_validator("store_uri")
+    @classmethod
+    def _uri_shape(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if "://" in value and not value.startswith("s3://"):
+            raise ValueError(f"unsupported store URI {value!r}; use a local path or s3://bucket/prefix")
+        if value.startswith("s3://") and not value[len("s3://") :].split("/")[0]:
+            raise ValueError("s3 store URI has no bucket; use s3://bucket/prefix")
+        return value
+
+
+class SlurmOptions(_Strict):
+    """Slurm-only settings; the launcher derives the rest from `resources`."""
+
+    partition: str | None = Field(
+        None, description="Slurm partition; default: from resources.spot (spot -> 'spot', else 'ondemand')"
+    )
+    qos: str | None = Field(None, description="Slurm QoS; default: from resources.priority (launcher config)")
+    account: str | None = Field(None, description="Slurm account to charge; default: the user's default")
+    time_limit: str = Field(
+        "01:00:00", pattern=r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$", description="wall time limit, [D-]HH:MM:SS"
+    )
+
+
+class KubernetesOptions(_Strict):
+    """Kubernetes (Kueue) settings; the launcher derives the rest from `resources`."""
+
+    image: str | None = Field(
+        None, description="training image; must match the launcher's approved registries; default: launcher's"
+    )
+    queue: str | None = Field(None, description="Kueue LocalQueue name; default: '<team>-queue'")
+    namespace: str | None = Field(None, description="namespace to run in; default: the team name")
+    placement: Literal["none", "same-rack", "same-block"] = Field(
+        "none", description="topology-aware placement of all nodes: none, same-rack or same-block"
+    )
+    placement_required: bool = Field(
+        True, description="true: wait for a domain that fits (required); false: best effort (preferred)"
+    )
+    service_account: str | None = Field(None, description="service account of the pods; default: namespace's")
+    secret_refs: tuple[str, ...] = Field(
+        (), description="names of Secrets to expose as environment variables (by reference, never inline)"
+    )
+
+
+class TrainSpec(_Strict):
+    """Everything needed to launch, reproduce and account for one training run."""
+
+    name: str = Field(..., pattern=_SLUG, description="run family name: lowercase letters, digits, dashes")
+    team: str = Field(..., pattern=_SLUG, description="owning team: lowercase letters, digits, dashes")
+    owner: str = Field(..., min_length=1, max_length=128, description="person responsible for the run")
+    task: str = Field("classification", min_length=1, max_length=64, description="task label")
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    dataset: DatasetSpec = Field(default_factory=DatasetSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    strategy: str = Field("ddp", description=f"distributed strategy, one of {', '.join(STRATEGIES)}")
+    resources: ResourceRequest = Field(default_factory=ResourceRequest)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    backend: Literal["local", "slurm", "k8s"] = Field("local", description="local, slurm or k8s")
+    slurm: SlurmOptions = Field(default_factory=SlurmOptions, description="Slurm-only settings")
+    kubernetes: KubernetesOptions = Field(default_factory=KubernetesOptions, description="Kubernetes-only settings")
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, value: str) -> str:
+        if value not in STRATEGIES:
+            raise ValueError(f"unknown strategy {value!r}; use one of: {', '.join(STRATEGIES)}")
+        return value
+
+    def spec_hash(self) -> str:
+        """sha256 of the canonical JSON form: the same spec always hashes the same."""
+        return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
+
+    def with_snapshot(self, snapshot_id: str) -> TrainSpec:
+        return self.model_copy(update={"dataset": self.dataset.model_copy(update={"snapshot_id": snapshot_id})})
+
+
+def canonical_json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def parse_spec(data: Any, source: str = "spec") -> TrainSpec:
+    """Validate a mapping into a TrainSpec, or raise SpecError naming each bad field and its fix."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping of fields at the top level, got {type(data).__name__}")
+    try:
+        return TrainSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(format_validation_error(exc, TrainSpec, source)) from None
+
+
+def load_spec(path: str | Path) -> TrainSpec:
+    """Read a YAML (or JSON) spec file and validate it."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"spec file {path} does not exist; pass the path to a YAML spec (see examples/)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML ({exc.__class__.__name__}: {exc}); fix the syntax") from None
+    return parse_spec(data, source=str(path))
+
+
+def format_validation_error(exc: ValidationError, model: type[BaseModel], source: str) -> str:
+    lines = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            parent = _model_at(model, error["loc"][:-1])
+            known = ", ".join(parent.model_fields) if parent else ""
+            message = f"unknown field; remove it or use one of: {known}"
+        elif error["type"] == "missing":
+            message = f"required field is missing; add it ({_describe(model, error['loc'])})"
+        else:
+            got = error.get("input")
+            description = _describe(model, error["loc"])
+            if not isinstance(got, dict):
+                message = f"{message} (got {got!r})"
+            if description and description not in message:
+                message = f"{message}; expected: {description}"
+        lines.append(f"{source}: {field}: {message}")
+    return "\n".join(lines)
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _describe(model: type[BaseModel], loc: tuple) -> str:
+    if not loc:
+        return ""
+    parent = _model_at(model, loc[:-1])
+    field = parent.model_fields.get(str(loc[-1])) if parent else None
+    return (field.description or "") if field else ""

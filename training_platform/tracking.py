@@ -1,0 +1,162 @@
+"""MLflow conventions: required tags on every run, lineage fields, the model registry and its gate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training_platform.lineage import LineageKey
+from training_platform.spec import TrainSpec
+
+CHAMPION_ALIAS = "champion"
+REQUIRED_TAGS = (
+    "team",
+    "owner",
+    "task",
+    "candidate_status",
+    "spec_hash",
+    "snapshot_id",
+    "git_commit",
+    "environment_lock_hash",
+    "seed",
+    "dagster_run_id",
+)
+
+
+def _client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def experiment_name(spec: TrainSpec) -> str:
+    return f"{spec.team}/{spec.name}"
+
+
+def ensure_experiment(tracking_uri: str, name: str, artifact_root: Path) -> str:
+    client = _client(tracking_uri)
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    # An explicit artifact location keeps artifacts in the project data directory, not ./mlruns.
+    return client.create_experiment(name, artifact_location=(artifact_root / name.replace("/", "_")).as_uri())
+
+
+def run_tags(spec: TrainSpec, lineage: LineageKey, dagster_run_id: str, run_id: str) -> dict[str, str]:
+    return {
+        "team": spec.team,
+        "owner": spec.owner,
+        "task": spec.task,
+        "candidate_status": "training",
+        "spec_hash": lineage.spec_hash,
+        "snapshot_id": lineage.snapshot_id,
+        "git_commit": lineage.code_commit,
+        "git_dirty": str(lineage.code_dirty).lower(),
+        "environment_lock_hash": lineage.environment_lock_hash,
+        "seed": str(lineage.seed),
+        "dagster_run_id": dagster_run_id,
+        "training_run": run_id,
+        "backend": lineage.backend,
+        "mlflow.runName": run_id,
+    }
+
+
+def spec_params(spec: TrainSpec) -> dict[str, str]:
+    """The spec, flattened to MLflow params (the spec holds no secrets by construction)."""
+    flat: dict[str, str] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}.{key}" if prefix else key, value)
+        else:
+            flat[prefix] = str(node)
+
+    walk("", spec.model_dump(mode="json"))
+    return flat
+
+
+def start_run(tracking_uri: str, artifact_root: Path, spec: TrainSpec, tags: dict[str, str]) -> str:
+    from mlflow.entities import Param
+
+    client = _client(tracking_uri)
+    experiment_id = ensure_experiment(tracking_uri, experiment_name(spec), artifact_root)
+    run = client.create_run(experiment_id, tags=tags, run_name=tags.get("training_run"))
+    params = [Param(k, v) for k, v in spec_params(spec).items()]
+    client.log_batch(run.info.run_id, params=params)
+    return run.info.run_id
+
+
+def end_run(tracking_uri: str, mlflow_run_id: str, succeeded: bool) -> None:
+    _client(tracking_uri).set_terminated(mlflow_run_id, status="FINISHED" if succeeded else "FAILED")
+
+
+def set_tags(tracking_uri: str, mlflow_run_id: str, tags: dict[str, str]) -> None:
+    client = _client(tracking_uri)
+    for key, value in tags.items():
+        client.set_tag(mlflow_run_id, key, value)
+
+
+def log_metrics(tracking_uri: str, mlflow_run_id: str, metrics: dict[str, float]) -> None:
+    client = _client(tracking_uri)
+    for key, value in metrics.items():
+        client.log_metric(mlflow_run_id, key, float(value))
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    promote: bool
+    reason: str
+    champion_version: str | None
+    champion_accuracy: float | None
+
+
+def promotion_gate(tracking_uri: str, model_name: str, candidate_accuracy: float) -> GateDecision:
+    """Promote when there is no champion yet, or the candidate is strictly better on the test split."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(tracking_uri)
+    try:
+        champion = client.get_model_version_by_alias(model_name, CHAMPION_ALIAS)
+    except MlflowException:
+        return GateDecision(True, "no champion yet", None, None)
+    champion_accuracy = float(champion.tags.get("test_accuracy", "nan"))
+    if not candidate_accuracy > champion_accuracy:
+        return GateDecision(
+            False,
+            f"test accuracy {candidate_accuracy:.4f} does not beat champion v{champion.version} "
+            f"({champion_accuracy:.4f})",
+            champion.version,
+            champion_accuracy,
+        )
+    return GateDecision(
+        True,
+        f"test accuracy {candidate_accuracy:.4f} beats champion v{champion.version} ({champion_accuracy:.4f})",
+        champion.version,
+        champion_accuracy,
+    )
+
+
+def register_model(
+    tracking_uri: str,
+    mlflow_run_id: str,
+    model_name: str,
+    model: Any,
+    input_example: Any,
+    tags: dict[str, str],
+    promote: bool,
+) -> str:
+    """Log the model into its training run, register a version with lineage tags, move the alias if promoted."""
+    import mlflow
+    import mlflow.pytorch
+
+    mlflow.set_tracking_uri(tracking_uri)
+    client = _client(tracking_uri)
+    with mlflow.start_run(run_id=mlflow_run_id):
+        info = mlflow.pytorch.log_model(model, name="model", input_example=input_example)
+    version = mlflow.register_model(info.model_uri, model_name, tags=tags)
+    client.set_tag(mlflow_run_id, "candidate_status", "champion" if promote else "rejected")
+    if promote:
+        client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version.version)
+    return str(version.version)

@@ -1,0 +1,95 @@
+"""Process-group setup for the worker: one line of rank logic, deterministic seeding."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> DistInfo:
+    """Join the process group torchrun/srun set up (or run as a single process without one)."""
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() > local_rank
+    backend = "nccl" if use_cuda else "gloo"
+    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    else:
+        # Share the node's cores between the local ranks instead of oversubscribing them;
+        # a fixed thread count also keeps CPU reductions deterministic.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+    return DistInfo(rank, world_size, local_rank, local_world_size, device, backend)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def rng_state() -> dict:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def all_gather_objects(obj: object, info: DistInfo) -> list:
+    if info.world_size == 1:
+        return [obj]
+    gathered: list = [None] * info.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def any_rank(flag: bool, info: DistInfo) -> bool:
+    """True on every rank when any rank raised the flag (so all ranks stop at the same step)."""
+    if info.world_size == 1:
+        return flag
+    tensor = torch.tensor([1 if flag else 0], device=info.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

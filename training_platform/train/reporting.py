@@ -1,0 +1,70 @@
+"""Where the worker's progress goes: stdout, Dagster Pipes (when launched by Dagster), MLflow.
+
+Only the main rank reports. Pipes is opened only when the launcher set it up, so the same
+worker runs under Dagster, from a shell, or in a pod without Dagster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from typing import Any
+
+log = logging.getLogger("training_platform.worker")
+
+
+class Reporter:
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._stack = contextlib.ExitStack()
+        self._pipes = None
+        self._mlflow = None
+        self.mlflow_run_id = os.environ.get("MLFLOW_RUN_ID") or None
+        if not enabled:
+            return
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+        from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, open_dagster_pipes
+
+        if os.environ.get(DAGSTER_PIPES_CONTEXT_ENV_VAR):
+            self._pipes = self._stack.enter_context(open_dagster_pipes())
+        if self.mlflow_run_id:
+            from mlflow.tracking import MlflowClient
+
+            self._mlflow = MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"))
+
+    def info(self, message: str) -> None:
+        if not self.enabled:
+            return
+        log.info(message)
+        if self._pipes is not None:
+            self._pipes.log.info(message)
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        self.info(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in values.items()))
+        if self._mlflow is not None:
+            from mlflow.entities import Metric
+
+            timestamp = _now_ms()
+            batch = [Metric(key, float(value), timestamp, step) for key, value in values.items()]
+            self._mlflow.log_batch(self.mlflow_run_id, metrics=batch, synchronous=True)
+
+    def materialization(self, metadata: dict[str, Any]) -> None:
+        if self.enabled and self._pipes is not None:
+            self._pipes.report_asset_materialization(metadata=metadata)
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def fail(self, exc: BaseException) -> None:
+        """Close Pipes with the exception so Dagster shows the user's traceback."""
+        self._stack.__exit__(type(exc), exc, exc.__traceback__)
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)

@@ -1,0 +1,170 @@
+"""The worker SDK: what a training script calls to get lineage, checkpoints and preemption safety.
+
+    session = TrainingSession.start()              # spec, ranks, process group, seeds, device
+    restored = session.restore()                   # (state, step) or None
+    while step < session.spec.training.max_steps:
+        ...
+        session.report(step, {"loss": loss})
+        if session.should_checkpoint(step): session.save(state, step)
+        if session.should_stop(): session.save(state, step); session.exit_preempted()
+    session.finish(model.state_dict(), step)
+
+Templates are written against this API, never around it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training_platform.checkpoints import CheckpointManifest, CheckpointStore, open_store
+from training_platform.launch.base import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
+from training_platform.paths import PlatformHome
+from training_platform.spec import TrainSpec, parse_spec
+from training_platform.train import distributed
+from training_platform.train.reporting import Reporter
+from training_platform.train.weights import weights_sha256
+
+
+@dataclass
+class TrainingSession:
+    spec: TrainSpec
+    run_id: str
+    run_dir: Path
+    home: PlatformHome
+    dist: distributed.DistInfo
+    reporter: Reporter
+    checkpoints: list[dict] = field(default_factory=list)
+    resumed_from_step: int | None = None
+    _stop_requested: bool = False
+    _started: float = field(default_factory=time.monotonic)
+
+    # ----- start --------------------------------------------------------------------------
+    @classmethod
+    def start(cls, spec_path: str | Path | None = None, run_id: str | None = None) -> TrainingSession:
+        """Read the spec the launcher wrote, join the process group, seed every RNG."""
+        spec_path = Path(spec_path or os.environ["TP_SPEC"])
+        spec = parse_spec(json.loads(spec_path.read_text()), source=str(spec_path))
+        run_id = run_id or os.environ["TP_RUN_ID"]
+        info = distributed.init_distributed()
+        distributed.seed_everything(spec.training.seed)
+        session = cls(
+            spec=spec,
+            run_id=run_id,
+            run_dir=spec_path.parent,
+            home=PlatformHome.from_env(),
+            dist=info,
+            reporter=Reporter(enabled=info.is_main),
+        )
+        signal.signal(signal.SIGTERM, session._on_sigterm)
+        session.reporter.info(
+            f"run {run_id}: {info.world_size} process(es), backend {info.backend}, device {info.device.type}"
+        )
+        return session
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._stop_requested = True
+
+    @cached_property
+    def store(self) -> CheckpointStore:
+        return open_store(self.spec.checkpoint.store_uri or self.home.checkpoints)
+
+    @property
+    def snapshot_root(self) -> Path:
+        return self.home.snapshots
+
+    # ----- progress -----------------------------------------------------------------------
+    def report(self, step: int, metrics: dict[str, float]) -> None:
+        self.reporter.metrics(step, metrics)
+
+    def should_checkpoint(self, step: int) -> bool:
+        return step % self.spec.checkpoint.every_steps == 0 or step == self.spec.training.max_steps
+
+    def should_stop(self) -> bool:
+        """True on every rank once any rank got a preemption notice (SIGTERM)."""
+        return distributed.any_rank(self._stop_requested, self.dist)
+
+    # ----- checkpoints --------------------------------------------------------------------
+    def save(self, state: dict[str, Any], step: int, metrics: dict[str, float] | None = None) -> None:
+        """Checkpoint `state` (replicated across ranks) plus every rank's RNG state."""
+        rng_states = distributed.all_gather_objects(distributed.rng_state(), self.dist)
+        if not self.dist.is_main:
+            return
+        manifest, stats = self.store.save(self.run_id, step, {"user": state, "rng": rng_states, "step": step}, metrics)
+        self.store.prune(self.run_id, self.spec.checkpoint.keep_last)
+        self.checkpoints.append(manifest.summary())
+        self.reporter.info(
+            f"checkpoint step {step}: {manifest.uri} ({stats.bytes_written} bytes written, "
+            f"{stats.bytes_deduplicated} deduplicated)"
+        )
+
+    def restore(self) -> tuple[dict[str, Any], int] | None:
+        """The newest verified checkpoint of this run, with this rank's RNG state restored."""
+        restored = self.store.restore_latest(self.run_id)
+        if restored is None:
+            return None
+        for step, reason in restored.skipped:
+            self.reporter.info(f"skipped checkpoint step {step}: {reason}")
+        state = restored.state
+        rng_states = state["rng"]
+        distributed.set_rng_state(rng_states[self.dist.rank % len(rng_states)])
+        self.resumed_from_step = state["step"]
+        self.checkpoints = [m.summary() for m in self.store.list(self.run_id)]
+        self.reporter.info(f"resumed from checkpoint step {state['step']}: {restored.manifest.uri}")
+        return state["user"], state["step"]
+
+    # ----- end ----------------------------------------------------------------------------
+    def exit_preempted(self, step: int) -> None:
+        """Leave after the emergency checkpoint with the status launchers read as PREEMPTED."""
+        if self.dist.is_main:
+            marker = {"step": step, "at": time.time()}
+            (self.run_dir / PREEMPTED_MARKER).write_text(json.dumps(marker))
+        self.reporter.info(f"preempted at step {step}: emergency checkpoint written, exiting for requeue")
+        self.reporter.close()
+        distributed.shutdown()
+        sys.exit(PREEMPTED_EXIT_CODE)
+
+    def finish(self, model_state: dict[str, torch.Tensor], final_step: int, metrics: dict[str, float]) -> dict:
+        """Write the run's result (rank 0), report it to Dagster, leave the process group."""
+        result = {
+            "run_id": self.run_id,
+            "status": "SUCCEEDED",
+            "final_step": final_step,
+            "final_weights_sha256": weights_sha256(model_state),
+            "checkpoints": self.live_checkpoints(),
+            "mlflow_run_id": self.reporter.mlflow_run_id,
+            "snapshot_id": self.spec.dataset.snapshot_id,
+            "resumed_from_step": self.resumed_from_step,
+            "world_size": self.dist.world_size,
+            "device": self.dist.device.type,
+            "train_seconds": round(time.monotonic() - self._started, 3),
+            "metrics": metrics,
+        }
+        if self.dist.is_main:
+            (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
+            self.reporter.materialization(_metadata(result))
+            self.reporter.info(f"finished at step {final_step}: weights {result['final_weights_sha256'][:12]}")
+        self.reporter.close()
+        distributed.shutdown()
+        return result
+
+    def live_checkpoints(self) -> list[dict]:
+        """Checkpoints still in the store (retention may have pruned older ones)."""
+        manifests: list[CheckpointManifest] = self.store.list(self.run_id)
+        return [m.summary() for m in manifests]
+
+
+def _metadata(result: dict) -> dict:
+    flat = {k: v for k, v in result.items() if k not in ("checkpoints", "metrics") and v is not None}
+    flat.update({f"final_{k}": v for k, v in result["metrics"].items()})
+    flat["checkpoint_count"] = len(result["checkpoints"])
+    return flat

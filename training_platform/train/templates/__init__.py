@@ -1,0 +1,20 @@
+"""Model templates, registered by name. Adding a template is one module plus one line here.
+
+A template module provides ``build_model(spec, num_features, num_classes) -> nn.Module``; the
+registry maps names to modules lazily so that validating a spec never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+TEMPLATES: dict[str, str] = {
+    "digits_mlp": "training_platform.train.templates.digits",
+}
+
+
+def get_template(name: str) -> ModuleType:
+    if name not in TEMPLATES:
+        raise KeyError(f"unknown model template {name!r}; use one of: {', '.join(TEMPLATES)}")
+    return importlib.import_module(TEMPLATES[name])
