@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import os
 import re
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,9 +44,11 @@ def _emit(summary: dict[str, Any], as_json: bool) -> None:
         print(json.dumps(summary, default=str))
         return
     table = Table(show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
     for key, value in summary.items():
         if key != "checkpoints":
-            table.add_row(f"[bold]{key}[/bold]", str(value))
+            table.add_row(key, str(value))
     console.print(table)
 
 
@@ -69,8 +73,23 @@ def _home() -> PlatformHome:
 
 
 # ----- the pipeline through Dagster ----------------------------------------------------------
+def _quiet_libraries() -> None:
+    """Keep the CLI's output to what the user asked for; details stay in the Dagster and MLflow logs."""
+    import dagster as dg
+    import mlflow  # noqa: F401 - imported first: mlflow sets its own log levels on import
+
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    logging.getLogger("mlflow.utils.requirements_utils").setLevel(logging.ERROR)
+    logging.getLogger("torch._export").setLevel(logging.ERROR)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
 def _materialize(selection: list[str], partition_key: str | None = None):
     import dagster as dg
+
+    _quiet_libraries()
 
     from assets import ALL_ASSETS, ALL_CHECKS
     from definitions import defs
@@ -230,16 +249,18 @@ def demo(as_json: JsonFlag = False) -> None:
     except PlatformError as exc:
         _fail(exc, as_json)
     summary["demo_seconds"] = round(time.monotonic() - started, 1)
+    _emit(summary, as_json)
     if not as_json:
+        experiment = f"{spec.team}/{spec.name}"
         console.print(
-            f"\n[bold]Where to look[/bold]\n"
-            f"  Dagster UI:  make ui   (then http://127.0.0.1:3000, assets: dataset_snapshot -> ... -> "
-            f"registered_model)\n"
-            f"  MLflow UI:   started by make ui at http://127.0.0.1:5000 (run {summary.get('mlflow_run_id')})\n"
-            f"  Data:        {home.root}\n",
+            "\n[bold]Where to look[/bold]\n"
+            "  make ui       starts the Dagster UI (http://127.0.0.1:3000: Assets -> Global asset lineage)\n"
+            "                and the MLflow UI (http://127.0.0.1:5000)\n"
+            f"  MLflow run    {summary.get('mlflow_run_id')} in experiment {experiment}\n"
+            f"  Model         {summary.get('model_name')} v{summary.get('model_version')}\n"
+            f"  Data          {home.root}",
             highlight=False,
         )
-    _emit(summary, as_json)
     if summary["status"] != "SUCCEEDED":
         raise typer.Exit(1)
 
