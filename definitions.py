@@ -2,8 +2,11 @@
 
 import dagster as dg
 
-from assets import ALL_ASSETS, ALL_CHECKS, RUN_ASSETS, training_runs
+from assets import ALL_ASSETS, ALL_CHECKS, RUN_ASSETS, SWEEP_ASSETS, sweep_job, training_runs
 from resources import LauncherResource, PlatformResource
+from resources.alerts import AlertsResource
+from sensors import ALL_SCHEDULES, ALL_SENSORS
+from sensors.alerts import alert_sensor
 
 snapshot_job = dg.define_asset_job(
     "dataset_snapshot_job", selection=dg.AssetSelection.assets("dataset_snapshot"), description="Build a snapshot."
@@ -16,8 +19,14 @@ training_pipeline = dg.define_asset_job(
 )
 
 defs = dg.Definitions(
-    assets=ALL_ASSETS,
+    assets=[*ALL_ASSETS, *SWEEP_ASSETS],
     asset_checks=ALL_CHECKS,
-    jobs=[snapshot_job, training_pipeline],
-    resources={"platform": PlatformResource(), "launcher": LauncherResource()},
+    jobs=[snapshot_job, training_pipeline, sweep_job],
+    schedules=ALL_SCHEDULES,
+    sensors=[*ALL_SENSORS, alert_sensor],
+    resources={
+        "platform": PlatformResource(),
+        "launcher": LauncherResource(),
+        "alerts": AlertsResource(),
+    },
 )

@@ -16,6 +16,7 @@ from pydantic import Field
 from training_platform.errors import LaunchError
 from training_platform.launch import JobState, JobStatus, Launcher, RunRequest
 from training_platform.launch.local import LocalLauncher
+from training_platform.runlog import RunEvents
 
 
 @dataclass
@@ -50,10 +51,13 @@ class LauncherResource(dg.ConfigurableResource):
             plan = launcher.plan(request)
             context.log.info(f"launch plan:\n{plan.render()}")
             handle = launcher.submit(plan)
+            events = RunEvents(request.run_dir)
+            events.append("submitted", backend=handle.backend, job_id=handle.job_id, dagster_run_id=context.run_id)
             context.log.info(f"submitted {handle.backend} job {handle.job_id}")
             status = launcher.status(handle)
             while not status.state.finished and status.state != JobState.PREEMPTED:
                 time.sleep(self.poll_seconds)
                 status = launcher.status(handle)
+            events.append("job_ended", state=status.state.value, reason=status.reason)
         logs = launcher.logs(handle)
         return LaunchOutcome(status, handle.job_id, list(session.get_results()), logs[-4000:])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,8 +19,8 @@ from training_platform.errors import SpecError
 from training_platform.train.templates import TEMPLATES as MODEL_TEMPLATES
 
 GPU_TYPES = ("T4", "A10G", "L4", "L40S", "A100-40GB", "A100-80GB", "H100", "H200")
-DATASET_SOURCES = ("sklearn_digits",)
-STRATEGIES = ("ddp",)
+DATASET_SOURCES = ("sklearn_digits", "python_stdlib_text")
+STRATEGIES = ("ddp", "fsdp", "deepspeed")
 BACKENDS = ("local", "slurm", "k8s")
 
 _SLUG = r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$"
@@ -32,6 +33,16 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     template: str = Field("digits_mlp", description=f"model template, one of {', '.join(MODEL_TEMPLATES)}")
     size: Literal["tiny", "small", "base"] = Field("small", description="template size: tiny, small or base")
+    seq_len: int = Field(64, ge=8, le=8192, description="tokens per sequence for language models (8..8192)")
+    layers: int | None = Field(None, ge=1, le=256, description="transformer blocks; default: from size")
+    heads: int | None = Field(None, ge=1, le=256, description="attention heads; default: from size")
+    width: int | None = Field(None, ge=8, le=65536, description="embedding width; default: from size")
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelSpec:
+        if self.width is not None and self.heads is not None and self.width % self.heads:
+            raise ValueError(f"model.width ({self.width}) must be a multiple of model.heads ({self.heads})")
+        return self
 
     @field_validator("template")
     @classmethod
@@ -134,6 +145,45 @@ class CheckpointSpec(_Strict):
         return value
 
 
+class PreemptionPolicy(_Strict):
+    """What happens when spot capacity is taken away, and after failures that are not preemptions."""
+
+    max_preemptions: int = Field(20, ge=0, description="preemptions after which the run is not resumed again")
+    fallback_to_ondemand_after: int = Field(
+        3, ge=0, description="preemptions on spot after which the run resumes on on-demand capacity"
+    )
+    max_restarts: int = Field(
+        0, ge=0, le=100, description="restarts of the process group after a rank dies (torchrun --max-restarts)"
+    )
+    retry_failures: int = Field(0, ge=0, le=10, description="resubmissions allowed after a failure (not a preemption)")
+
+
+class DeepSpeedOptions(_Strict):
+    """DeepSpeed ZeRO settings; used when strategy is deepspeed."""
+
+    zero_stage: Literal[1, 2, 3] = Field(2, description="ZeRO stage: 1 (optimizer states), 2 (+grads), 3 (+weights)")
+    offload_optimizer: bool = Field(False, description="keep optimizer states and step on the CPU (ZeRO-Offload)")
+    offload_params: bool = Field(False, description="keep weights on the CPU between uses (stage 3 only)")
+
+    @model_validator(mode="after")
+    def _offload_params_needs_stage3(self) -> DeepSpeedOptions:
+        if self.offload_params and self.zero_stage != 3:
+            raise ValueError("offload_params needs zero_stage 3; set deepspeed.zero_stage: 3 or drop offload_params")
+        return self
+
+
+class CostSpec(_Strict):
+    """Cost estimate, deadline and cap: checked against the team budget at submission."""
+
+    expected_hours: float | None = Field(
+        None, gt=0, description="expected wall-clock hours (> 0); estimates the cost at submission"
+    )
+    deadline: datetime | None = Field(
+        None, description="finish by this time (ISO 8601); a cost window may delay the start until before it"
+    )
+    max_usd: float | None = Field(None, gt=0, description="spending cap in dollars (> 0); counted against the budget")
+
+
 class SlurmOptions(_Strict):
     """Slurm-only settings; the launcher derives the rest from `resources`."""
 
@@ -178,11 +228,14 @@ class TrainSpec(_Strict):
     dataset: DatasetSpec = Field(default_factory=DatasetSpec)
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     strategy: str = Field("ddp", description=f"distributed strategy, one of {', '.join(STRATEGIES)}")
+    deepspeed: DeepSpeedOptions = Field(default_factory=DeepSpeedOptions, description="DeepSpeed ZeRO settings")
     resources: ResourceRequest = Field(default_factory=ResourceRequest)
+    preemption: PreemptionPolicy = Field(default_factory=PreemptionPolicy, description="preemption and retry policy")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     backend: Literal["local", "slurm", "k8s"] = Field("local", description="local, slurm or k8s")
     slurm: SlurmOptions = Field(default_factory=SlurmOptions, description="Slurm-only settings")
     kubernetes: KubernetesOptions = Field(default_factory=KubernetesOptions, description="Kubernetes-only settings")
+    cost: CostSpec = Field(default_factory=CostSpec, description="expected hours, deadline and dollar cap")
 
     @field_validator("strategy")
     @classmethod

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -29,7 +30,9 @@ import torch
 from training_platform.checkpoints import CheckpointManifest, CheckpointStore, open_store
 from training_platform.launch.base import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
 from training_platform.paths import PlatformHome
+from training_platform.runlog import RunEvents
 from training_platform.spec import TrainSpec, parse_spec
+from training_platform.telemetry.worker import WorkerTelemetry
 from training_platform.train import distributed
 from training_platform.train.reporting import Reporter
 from training_platform.train.weights import weights_sha256
@@ -45,7 +48,12 @@ class TrainingSession:
     reporter: Reporter
     checkpoints: list[dict] = field(default_factory=list)
     resumed_from_step: int | None = None
+    telemetry: WorkerTelemetry | None = None
     _stop_requested: bool = False
+    _signal_at: float | None = None
+    _stepped: bool = False
+    pruning: Any = None  # TrialPruning when this run is a sweep trial (main rank only)
+    _prune_requested: bool = False
     _started: float = field(default_factory=time.monotonic)
 
     # ----- start --------------------------------------------------------------------------
@@ -66,13 +74,29 @@ class TrainingSession:
             reporter=Reporter(enabled=info.is_main),
         )
         signal.signal(signal.SIGTERM, session._on_sigterm)
+        session.telemetry = WorkerTelemetry.start(
+            spec, run_id, spec_path.parent, info.rank, info.local_rank, info.local_world_size
+        )
+        session._event(
+            "started",
+            world_size=info.world_size,
+            restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+            requeues=int(os.environ.get("SLURM_RESTART_COUNT", 0)),
+        )
         session.reporter.info(
             f"run {run_id}: {info.world_size} process(es), backend {info.backend}, device {info.device.type}"
         )
+        session._join_sweep()
         return session
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._stop_requested = True
+        self._signal_at = self._signal_at or time.time()
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        """Append to the run's event log (main rank only): what the preemption sensor reads."""
+        if self.dist.is_main:
+            RunEvents(self.run_dir).append(kind, **fields)
 
     @cached_property
     def store(self) -> CheckpointStore:
@@ -85,13 +109,27 @@ class TrainingSession:
     # ----- progress -----------------------------------------------------------------------
     def report(self, step: int, metrics: dict[str, float]) -> None:
         self.reporter.metrics(step, metrics)
+        if self.pruning is not None and self.pruning.report(step, metrics):
+            self._prune_requested = True
+        self.telemetry.record(step, metrics)
+        self._event("progress", step=step)
+
+    def data_wait(self) -> AbstractContextManager[None]:
+        """Wrap each step's batch fetch: measures data wait and step time (telemetry)."""
+        return self.telemetry.clock.data_wait()
 
     def should_checkpoint(self, step: int) -> bool:
         return step % self.spec.checkpoint.every_steps == 0 or step == self.spec.training.max_steps
 
     def should_stop(self) -> bool:
-        """True on every rank once any rank got a preemption notice (SIGTERM)."""
-        return distributed.any_rank(self._stop_requested, self.dist)
+        """True on every rank once any rank got a preemption notice (SIGTERM). Call once per step."""
+        if not self._stepped:
+            self._stepped = True
+            self._event("first_step")
+        stop = distributed.any_rank(self._stop_requested or self._prune_requested, self.dist)
+        if stop:  # every rank gets here together, so they all learn whether it is a prune
+            self._prune_requested = distributed.any_rank(self._prune_requested, self.dist)
+        return stop
 
     # ----- checkpoints --------------------------------------------------------------------
     def save(self, state: dict[str, Any], step: int, metrics: dict[str, float] | None = None) -> None:
@@ -99,9 +137,14 @@ class TrainingSession:
         rng_states = distributed.all_gather_objects(distributed.rng_state(), self.dist)
         if not self.dist.is_main:
             return
-        manifest, stats = self.store.save(self.run_id, step, {"user": state, "rng": rng_states, "step": step}, metrics)
-        self.store.prune(self.run_id, self.spec.checkpoint.keep_last)
+        with self.telemetry.clock.checkpoint():
+            manifest, stats = self.store.save(
+                self.run_id, step, {"user": state, "rng": rng_states, "step": step}, metrics
+            )
+            self.store.prune(self.run_id, self.spec.checkpoint.keep_last)
         self.checkpoints.append(manifest.summary())
+        self._last_model_state = state.get("model")  # a reference, for a pruned trial's weights hash
+        self._event("checkpoint", step=step, uri=manifest.uri)
         self.reporter.info(
             f"checkpoint step {step}: {manifest.uri} ({stats.bytes_written} bytes written, "
             f"{stats.bytes_deduplicated} deduplicated)"
@@ -118,23 +161,31 @@ class TrainingSession:
         rng_states = state["rng"]
         distributed.set_rng_state(rng_states[self.dist.rank % len(rng_states)])
         self.resumed_from_step = state["step"]
+        self.telemetry.start_step = state["step"]
+        self._event("resumed", step=state["step"], checkpoint=restored.manifest.uri)
         self.checkpoints = [m.summary() for m in self.store.list(self.run_id)]
         self.reporter.info(f"resumed from checkpoint step {state['step']}: {restored.manifest.uri}")
         return state["user"], state["step"]
 
     # ----- end ----------------------------------------------------------------------------
     def exit_preempted(self, step: int) -> None:
-        """Leave after the emergency checkpoint with the status launchers read as PREEMPTED."""
+        """Leave after the emergency checkpoint with the status launchers read as PREEMPTED (or PRUNED)."""
+        if self._prune_requested:
+            self._exit_pruned(step)
+        self._event("preempted", step=step, signal_at=self._signal_at)
         if self.dist.is_main:
-            marker = {"step": step, "at": time.time()}
+            marker = {"step": step, "at": time.time(), "signal_at": self._signal_at}
             (self.run_dir / PREEMPTED_MARKER).write_text(json.dumps(marker))
         self.reporter.info(f"preempted at step {step}: emergency checkpoint written, exiting for requeue")
+        self.telemetry.finish("PREEMPTED")
         self.reporter.close()
         distributed.shutdown()
         sys.exit(PREEMPTED_EXIT_CODE)
 
     def finish(self, model_state: dict[str, torch.Tensor], final_step: int, metrics: dict[str, float]) -> dict:
         """Write the run's result (rank 0), report it to Dagster, leave the process group."""
+        num_params = sum(t.numel() for t in model_state.values())
+        telemetry_metadata = self.telemetry.finish_and_report(self.reporter, num_params)
         result = {
             "run_id": self.run_id,
             "status": "SUCCEEDED",
@@ -149,9 +200,10 @@ class TrainingSession:
             "train_seconds": round(time.monotonic() - self._started, 3),
             "metrics": metrics,
         }
+        self._event("finished", step=final_step)
         if self.dist.is_main:
             (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
-            self.reporter.materialization(_metadata(result))
+            self.reporter.materialization(_metadata(result) | telemetry_metadata)
             self.reporter.info(f"finished at step {final_step}: weights {result['final_weights_sha256'][:12]}")
         self.reporter.close()
         distributed.shutdown()
@@ -161,6 +213,49 @@ class TrainingSession:
         """Checkpoints still in the store (retention may have pruned older ones)."""
         manifests: list[CheckpointManifest] = self.store.list(self.run_id)
         return [m.summary() for m in manifests]
+
+
+    # ----- sweeps -------------------------------------------------------------------------
+    def _join_sweep(self) -> None:
+        """When launched as a sweep trial, report validation metrics to the study and honour its pruner."""
+        # Checked before importing: ordinary runs do not pay for importing Optuna.
+        if not self.dist.is_main or not os.environ.get("TP_SWEEP_CONTEXT"):
+            return
+        from training_platform.sweeps.trial import TrialContext, TrialPruning
+
+        self.pruning = TrialPruning(TrialContext.from_env())
+
+    def _exit_pruned(self, step: int) -> None:
+        """A pruned trial ends cleanly (exit 0) after its checkpoint, with status PRUNED in its result."""
+        from training_platform.sweeps.trial import PRUNED_MARKER
+
+        self._event("pruned", step=step)
+        if self.dist.is_main:
+            model_state = getattr(self, "_last_model_state", None)
+            result = {
+                "run_id": self.run_id,
+                "status": "PRUNED",
+                "final_step": step,
+                "final_weights_sha256": weights_sha256(model_state) if model_state else self.checkpoints[-1]["sha256"],
+                "checkpoints": self.live_checkpoints(),
+                "mlflow_run_id": self.reporter.mlflow_run_id,
+                "snapshot_id": self.spec.dataset.snapshot_id,
+                "resumed_from_step": self.resumed_from_step,
+                "world_size": self.dist.world_size,
+                "device": self.dist.device.type,
+                "train_seconds": round(time.monotonic() - self._started, 3),
+                "metrics": {self.pruning.context.metric: self.pruning.last_value},
+                "pruned_at_step": self.pruning.pruned_at,
+            }
+            (self.run_dir / PRUNED_MARKER).write_text(json.dumps({"step": step, "at": time.time()}))
+            (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
+            self.reporter.materialization(_metadata(result))
+            self.reporter.info(f"pruned at step {step}: checkpoint written, trial stopped by the sweep's pruner")
+        if self.telemetry is not None:
+            self.telemetry.finish("PRUNED")
+        self.reporter.close()
+        distributed.shutdown()
+        sys.exit(0)
 
 
 def _metadata(result: dict) -> dict:

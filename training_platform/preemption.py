@@ -1,0 +1,137 @@
+"""What preemptions cost a run, and what to do about the next one.
+
+Accounting reads the run's event log (see runlog.py). The policy reads like SkyPilot's
+recovery strategies: each is a named decision with the sequence it tries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from training_platform.launch.base import JobState, JobStatus
+from training_platform.spec import TrainSpec
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """One attempt that ended without finishing: a preemption (SIGTERM) or a kill without notice."""
+
+    at: float
+    kind: str  # "preempted" (checkpoint written on notice) or "killed" (no notice)
+    step_reached: int
+    resumed_step: int | None
+    recovery_seconds: float | None
+
+    @property
+    def lost_steps(self) -> int | None:
+        return None if self.resumed_step is None else max(0, self.step_reached - self.resumed_step)
+
+
+@dataclass
+class PreemptionSummary:
+    interruptions: list[Interruption] = field(default_factory=list)
+    attempts: int = 0
+    finished: bool = False
+
+    @property
+    def preemptions(self) -> int:
+        return len(self.interruptions)
+
+    @property
+    def lost_steps(self) -> int:
+        return sum(i.lost_steps or 0 for i in self.interruptions)
+
+    @property
+    def recovery_seconds(self) -> list[float]:
+        return [i.recovery_seconds for i in self.interruptions if i.recovery_seconds is not None]
+
+    def metadata(self) -> dict[str, Any]:
+        recoveries = sorted(self.recovery_seconds)
+        return {
+            "preemptions": self.preemptions,
+            "lost_steps": self.lost_steps,
+            "attempts": self.attempts,
+            "recovery_seconds_median": recoveries[len(recoveries) // 2] if recoveries else 0.0,
+            "interruptions": [asdict(i) | {"lost_steps": i.lost_steps} for i in self.interruptions],
+        }
+
+
+def summarize(events: list[dict[str, Any]]) -> PreemptionSummary:
+    """Walk the event log attempt by attempt: each `started` after the first closes an interruption."""
+    summary = PreemptionSummary()
+    step_reached = 0
+    ended: dict[str, Any] | None = None  # how the previous attempt ended, if it said so
+    pending: dict[str, Any] | None = None  # an interruption waiting for its resume figures
+    for event in events:
+        kind = event["kind"]
+        if kind == "started":
+            summary.attempts += 1
+            if summary.attempts > 1 and (ended is None or ended["kind"] == "preempted"):
+                at = (ended.get("signal_at") or ended["at"]) if ended else event["at"]
+                pending = {"at": at, "kind": "preempted" if ended else "killed", "step_reached": step_reached}
+            ended = None
+        elif kind in ("progress", "checkpoint"):
+            step_reached = max(step_reached, event["step"])
+        elif kind == "resumed" and pending is not None:
+            pending["resumed_step"] = event["step"]
+        elif kind == "first_step" and pending is not None:
+            summary.interruptions.append(
+                Interruption(
+                    at=pending["at"],
+                    kind=pending["kind"],
+                    step_reached=pending["step_reached"],
+                    resumed_step=pending.get("resumed_step", 0),
+                    recovery_seconds=round(event["at"] - pending["at"], 3),
+                )
+            )
+            pending = None
+        elif kind == "preempted":
+            step_reached = max(step_reached, event["step"])
+            ended = event
+        elif kind == "finished":
+            summary.finished = True
+            ended = event
+    if pending is not None:
+        summary.interruptions.append(Interruption(pending["at"], pending["kind"], pending["step_reached"], None, None))
+    return summary
+
+
+class Recovery(StrEnum):
+    FOLLOW = "follow"  # the engine requeued the job (Slurm --requeue, Kueue): keep following it
+    RESUME = "resume"  # the job is gone: submit a resume run that restores the newest checkpoint
+    RESUME_ON_DEMAND = "resume_on_demand"  # as RESUME, on on-demand capacity
+    GIVE_UP = "give_up"  # the spec's limit is reached: report, do not retry
+    NONE = "none"  # nothing to recover
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Recovery
+    reason: str
+
+
+def decide(spec: TrainSpec, status: JobStatus, summary: PreemptionSummary) -> Decision:
+    """The failover sequence for a preempted run.
+
+    1. The engine requeued the job: follow it (no new submission).
+    2. The job is gone and fewer than `max_preemptions` happened: resume from the newest checkpoint,
+       on spot while fewer than `fallback_to_ondemand_after` preemptions happened, else on-demand.
+    3. Otherwise give up and say why.
+    Failures that are not preemptions are never retried here (see the run-status sensor).
+    """
+    policy = spec.preemption
+    count = max(summary.preemptions, status.preemptions)
+    if status.state in (JobState.REQUEUED, JobState.PENDING, JobState.RUNNING):
+        return Decision(Recovery.FOLLOW, f"{status.state.value.lower()}: the engine keeps the job")
+    if status.state != JobState.PREEMPTED:
+        return Decision(Recovery.NONE, f"job is {status.state.value}")
+    if count >= policy.max_preemptions:
+        return Decision(Recovery.GIVE_UP, f"{count} preemptions reached preemption.max_preemptions")
+    if spec.resources.spot and count >= policy.fallback_to_ondemand_after:
+        return Decision(
+            Recovery.RESUME_ON_DEMAND,
+            f"{count} preemptions on spot >= preemption.fallback_to_ondemand_after; resuming on on-demand",
+        )
+    return Decision(Recovery.RESUME, f"preemption {count}: resuming from the newest checkpoint")

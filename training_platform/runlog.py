@@ -1,0 +1,40 @@
+"""A run's event log: one JSON object per line in its run directory, appended by rank 0.
+
+The log outlives any one process, so the orchestrator can tell what happened to a job that was
+preempted or killed: the last step it reached, the checkpoint it resumed from, when it resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+EVENTS_FILE = "events.jsonl"
+
+
+class RunEvents:
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / EVENTS_FILE
+
+    def append(self, kind: str, **fields: Any) -> None:
+        line = json.dumps({"kind": kind, "at": time.time(), **fields}) + "\n"
+        # One write() of a short line with O_APPEND: lines from restarts never interleave.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        events = []
+        for line in self.path.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line torn by a kill mid-write carries no information
+        return events
