@@ -156,6 +156,11 @@ class PreemptionPolicy(_Strict):
         0, ge=0, le=100, description="restarts of the process group after a rank dies (torchrun --max-restarts)"
     )
     retry_failures: int = Field(0, ge=0, le=10, description="resubmissions allowed after a failure (not a preemption)")
+    notice_provider: Literal["none", "aws", "gcp", "azure"] = Field(
+        "none", description="cloud whose instance metadata announces spot interruptions: none, aws, gcp or azure"
+    )
+    notice_url: str | None = Field(None, description="metadata URL to poll instead of the provider's default")
+    notice_poll_seconds: float = Field(5.0, gt=0, le=60, description="seconds between metadata polls")
 
 
 class DeepSpeedOptions(_Strict):

@@ -2,17 +2,20 @@
 
 import json
 import os
-import re
 import signal
-import time
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.worker import job_pid, launch, train, wait, wait_for_step
 from training_platform.checkpoints import open_store
 from training_platform.datasets import build_snapshot
-from training_platform.launch import JobState, RunRequest
+from training_platform.launch import JobState
 from training_platform.launch.local import LOG_FILE, LocalLauncher
+from training_platform.preemption import summarize
+from training_platform.runlog import RunEvents
 from training_platform.spec import parse_spec
 
 pytestmark = pytest.mark.integration
@@ -39,42 +42,18 @@ def _spec(home: Path, **training):
     )
 
 
-def _launch(home: Path, run_id: str, spec, launcher: LocalLauncher):
-    request = RunRequest(spec=spec, run_id=run_id, run_dir=home / "runs" / run_id, env={"TP_HOME": str(home)})
-    request.write_spec()
-    return launcher.submit(launcher.plan(request))
-
-
-def _wait(launcher: LocalLauncher, handle, timeout: float = 180.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = launcher.status(handle)
-        if status.state.finished or status.state == JobState.PREEMPTED:
-            return status
-        time.sleep(0.2)
-    raise TimeoutError(launcher.logs(handle)[-2000:])
-
-
-def _train(home: Path, run_id: str, spec) -> dict:
-    launcher = LocalLauncher(visible_gpus=0)
-    status = _wait(launcher, _launch(home, run_id, spec, launcher))
-    log = (home / "runs" / run_id / LOG_FILE).read_text()
-    assert status.state == JobState.SUCCEEDED, log[-3000:]
-    return json.loads((home / "runs" / run_id / "result.json").read_text())
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(home) -> dict:
-    return _train(home, "straight", _spec(home))
+    return train(home, "straight", _spec(home))
 
 
 def test_uninterrupted_run_checkpoints_and_is_deterministic(home, uninterrupted):
     assert uninterrupted["final_step"] == 60
     assert uninterrupted["world_size"] == 2
     assert [c["step"] for c in uninterrupted["checkpoints"]] == [20, 40, 60]
-    again = _train(home, "straight-again", _spec(home))
+    again = train(home, "straight-again", _spec(home))
     assert again["final_weights_sha256"] == uninterrupted["final_weights_sha256"]
-    other_seed = _train(home, "other-seed", _spec(home, seed=1))
+    other_seed = train(home, "other-seed", _spec(home, seed=1))
     assert other_seed["final_weights_sha256"] != uninterrupted["final_weights_sha256"]
 
 
@@ -86,7 +65,7 @@ def test_resume_from_mid_run_checkpoint_is_exact(home, uninterrupted):
     target.mkdir(parents=True)
     (target / Path(mid.uri).name).write_bytes(Path(mid.uri).read_bytes())
 
-    resumed = _train(home, "resumed", _spec(home))
+    resumed = train(home, "resumed", _spec(home))
     assert resumed["resumed_from_step"] == 20
     assert resumed["final_weights_sha256"] == uninterrupted["final_weights_sha256"]
 
@@ -94,21 +73,94 @@ def test_resume_from_mid_run_checkpoint_is_exact(home, uninterrupted):
 def test_sigterm_writes_emergency_checkpoint_and_resume_is_exact(home, uninterrupted):
     spec = _spec(home, max_steps=400)
     launcher = LocalLauncher(visible_gpus=0)
-    handle = _launch(home, "preempted", spec, launcher)
+    handle = launch(home, "preempted", spec, launcher)
     log = home / "runs" / "preempted" / LOG_FILE
-    deadline = time.monotonic() + 120
-    while not re.search(r"^step (\d*[1-9]\d*):", log.read_text() if log.exists() else "", re.M):
-        assert time.monotonic() < deadline, "worker never reported a step"
-        time.sleep(0.1)
-    pid = int(handle.job_id.split(":")[0])
-    os.killpg(pid, signal.SIGTERM)
-    status = _wait(launcher, handle)
+    wait_for_step(home, "preempted", 5)
+    os.killpg(job_pid(handle), signal.SIGTERM)
+    status = wait(launcher, handle)
     assert status.state == JobState.PREEMPTED, log.read_text()[-3000:]
     preempted_at = max(m.step for m in open_store(home / "checkpoints").list("preempted"))
     assert 0 < preempted_at < 400
     assert f"preempted at step {preempted_at}: emergency checkpoint written" in log.read_text()
 
-    resumed = _train(home, "preempted", spec)
-    straight = _train(home, "straight-400", spec)
+    resumed = train(home, "preempted", spec)
+    straight = train(home, "straight-400", spec)
     assert resumed["resumed_from_step"] == preempted_at
     assert resumed["final_weights_sha256"] == straight["final_weights_sha256"]
+
+
+def _worker_pids(torchrun_group: int) -> list[int]:
+    import psutil
+
+    children = psutil.Process(torchrun_group).children(recursive=True)
+    return [
+        p.pid
+        for p in children
+        if "training_platform.train" in " ".join(p.cmdline()) and "torch.distributed.run" not in " ".join(p.cmdline())
+    ]
+
+
+def test_a_dead_rank_restarts_the_group_from_the_newest_checkpoint(home, uninterrupted):
+    spec = _spec(home, max_steps=60)
+    spec = spec.model_copy(update={"preemption": spec.preemption.model_copy(update={"max_restarts": 1})})
+    launcher = LocalLauncher(visible_gpus=0)
+    handle = launch(home, "rank-died", spec, launcher)
+    wait_for_step(home, "rank-died", 25)
+    victim = _worker_pids(job_pid(handle))[-1]
+    os.kill(victim, signal.SIGKILL)
+    status = wait(launcher, handle)
+    log = (home / "runs" / "rank-died" / LOG_FILE).read_text()
+    assert status.state == JobState.SUCCEEDED, log[-3000:]
+    result = json.loads((home / "runs" / "rank-died" / "result.json").read_text())
+    assert result["resumed_from_step"] in (20, 40)
+    assert result["final_weights_sha256"] == uninterrupted["final_weights_sha256"]
+    (interruption,) = summarize(RunEvents(home / "runs" / "rank-died").read()).interruptions
+    assert interruption.kind == "killed"
+    assert interruption.lost_steps <= spec.checkpoint.every_steps
+
+
+class _MetadataServer(BaseHTTPRequestHandler):
+    """Plays the AWS instance metadata service (IMDSv2): 404 until a spot notice is posted."""
+
+    notice = threading.Event()
+
+    def do_PUT(self):  # noqa: N802 - http.server's naming
+        self._reply(200, b"token-123")
+
+    def do_GET(self):  # noqa: N802
+        if self.path.endswith("/spot/instance-action") and self.notice.is_set():
+            assert self.headers["X-aws-ec2-metadata-token"] == "token-123"
+            self._reply(200, b'{"action": "terminate", "time": "2026-11-22T12:00:00Z"}')
+        else:
+            self._reply(404, b"")
+
+    def _reply(self, code, body):
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_spot_notice_checkpoints_and_stops_before_any_signal(home):
+    server = HTTPServer(("127.0.0.1", 0), _MetadataServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/latest/meta-data/spot/instance-action"
+        spec = _spec(home, max_steps=400)
+        policy = {"notice_provider": "aws", "notice_url": url, "notice_poll_seconds": 0.2}
+        spec = spec.model_copy(update={"preemption": spec.preemption.model_copy(update=policy)})
+        launcher = LocalLauncher(visible_gpus=0)
+        handle = launch(home, "noticed", spec, launcher)
+        wait_for_step(home, "noticed", 5)
+        _MetadataServer.notice.set()
+        status = wait(launcher, handle)
+    finally:
+        server.shutdown()
+    assert status.state == JobState.PREEMPTED
+    events = RunEvents(home / "runs" / "noticed").read()
+    assert [e["kind"] for e in events].count("spot_notice") == 1
+    preempted = next(e for e in events if e["kind"] == "preempted")
+    assert max(m.step for m in open_store(home / "checkpoints").list("noticed")) == preempted["step"]

@@ -55,6 +55,8 @@ class LocalLauncher:
             "torch.distributed.run",
             "--standalone",
             f"--nproc-per-node={nproc}",
+            # A rank that dies restarts the whole group, which resumes from the newest checkpoint.
+            f"--max-restarts={request.spec.preemption.max_restarts}",
             "-m",
             *request.worker_args(),
         ]

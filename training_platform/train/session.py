@@ -33,7 +33,7 @@ from training_platform.paths import PlatformHome
 from training_platform.runlog import RunEvents
 from training_platform.spec import TrainSpec, parse_spec
 from training_platform.telemetry.worker import WorkerTelemetry
-from training_platform.train import distributed
+from training_platform.train import distributed, spot_notice
 from training_platform.train.reporting import Reporter
 from training_platform.train.weights import weights_sha256
 
@@ -74,6 +74,7 @@ class TrainingSession:
             reporter=Reporter(enabled=info.is_main),
         )
         signal.signal(signal.SIGTERM, session._on_sigterm)
+        session._watch_spot_notices()
         session.telemetry = WorkerTelemetry.start(
             spec, run_id, spec_path.parent, info.rank, info.local_rank, info.local_world_size
         )
@@ -92,6 +93,19 @@ class TrainingSession:
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._stop_requested = True
         self._signal_at = self._signal_at or time.time()
+
+    def _watch_spot_notices(self) -> None:
+        """One watcher per node (local rank 0); should_stop() shares its notice with every rank."""
+        policy = self.spec.preemption
+        if policy.notice_provider == "none" or self.dist.local_rank != 0:
+            return
+
+        def on_notice() -> None:
+            self._event("spot_notice", provider=policy.notice_provider)
+            self._on_sigterm(signal.SIGTERM, None)
+
+        endpoint = spot_notice.endpoint_for(policy.notice_provider, policy.notice_url)
+        spot_notice.SpotNoticeWatcher(endpoint, on_notice, policy.notice_poll_seconds).start()
 
     def _event(self, kind: str, **fields: Any) -> None:
         """Append to the run's event log (main rank only): what the preemption sensor reads."""

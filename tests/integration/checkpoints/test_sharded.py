@@ -1,0 +1,41 @@
+"""DCP sharded checkpoints: 2 FSDP ranks under torchrun (gloo) save, 1 process restores."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+WORKER = Path(__file__).with_name("dcp_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run(args: list[str], cwd: Path) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("tier", ["local", "s3"])
+def test_fsdp_shards_saved_by_two_ranks_restore_in_one_process(tier, tmp_path, request):
+    if tier == "s3":
+        bucket = request.getfixturevalue("s3_server").new_bucket()
+        store_uri = f"s3://{bucket}/dcp"
+    else:
+        store_uri = str(tmp_path / "store")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
+    _run([*torchrun, f"--master-port={_free_port()}", str(WORKER), "save", store_uri, str(tmp_path)], tmp_path)
+    out = _run([sys.executable, str(WORKER), "restore", store_uri, str(tmp_path)], tmp_path)
+    assert "restored step 1 written by 2 ranks" in out

@@ -1,0 +1,89 @@
+"""AsyncCheckpointer: snapshot-only stalls, one save in flight, failures reported not raised."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from training_platform.checkpoints import AsyncCheckpointer, open_store
+
+
+def state(step: int) -> dict:
+    return {"w": torch.full((256, 1024), float(step)), "frozen": torch.ones(1_200_000), "step": step}
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = open_store(tmp_path / "store")
+    store.lease_settle_seconds = 0.5
+    return store
+
+
+def test_saves_in_the_background_and_restores_bitwise(store):
+    with AsyncCheckpointer(store) as checkpointer:
+        for step in (1, 2):
+            checkpointer.save_async("r", step, state(step), {"loss": 1.0 / step})
+        result = checkpointer.wait()
+        assert result.ok and result.step == 2 and checkpointer.last_error is None
+        assert result.manifest.save.stall_seconds == pytest.approx(result.stall_seconds)
+        assert result.manifest.save.bytes_deduplicated > 0  # `frozen` was not written twice
+    restored = store.restore_latest("r")
+    assert restored.manifest.step == 2 and torch.equal(restored.state["w"], state(2)["w"])
+
+
+def test_the_snapshot_is_taken_at_call_time(store):
+    live = state(1)
+    with AsyncCheckpointer(store) as checkpointer:
+        checkpointer.save_async("r", 1, live)
+        live["w"].fill_(99.0)  # the training loop goes on mutating its tensors
+        assert checkpointer.wait().ok
+    assert torch.equal(store.restore_latest("r").state["w"], state(1)["w"])
+
+
+def test_skip_policy_skips_while_a_save_is_in_flight(store):
+    with AsyncCheckpointer(store, policy="skip") as checkpointer:
+        checkpointer.save_async("r", 1, state(1))
+        checkpointer.wait()
+        checkpointer.save_async("r", 2, state(1))  # reuses chunks: settles for 0.5 s in the writer
+        checkpointer.save_async("r", 3, state(3))
+        skipped = checkpointer.results[-1]
+        assert skipped.skipped and skipped.step == 3
+        assert checkpointer.wait().step == 2
+    assert [m.step for m in store.list("r")] == [1, 2]
+
+
+def test_a_failed_background_save_is_reported_and_the_next_one_succeeds(store, tmp_path):
+    blocker = tmp_path / "store" / "chunks"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("not a directory")
+    with AsyncCheckpointer(store) as checkpointer:
+        checkpointer.save_async("r", 1, state(1))  # does not raise
+        result = checkpointer.wait()
+        assert not result.ok and "chunks" in result.error and checkpointer.last_error
+        blocker.unlink()
+        checkpointer.save_async("r", 2, state(2))
+        assert checkpointer.wait().ok and checkpointer.last_error is None
+    assert [m.step for m in store.list("r")] == [2]
+
+
+def test_a_killed_writer_is_reported_and_replaced(store):
+    with AsyncCheckpointer(store) as checkpointer:
+        checkpointer.save_async("r", 1, state(1))
+        assert checkpointer.wait().ok
+        checkpointer.save_async("r", 2, state(1))  # in its settle sleep for 0.5 s
+        time.sleep(0.1)
+        os.kill(checkpointer.writer_pid, signal.SIGKILL)
+        result = checkpointer.wait()
+        assert not result.ok and "died" in result.error
+        checkpointer.save_async("r", 3, state(3))
+        assert checkpointer.wait().ok
+    assert [m.step for m in store.list("r")] == [1, 3]
+
+
+def test_invalid_policy_is_refused(store):
+    with pytest.raises(ValueError, match="policy"):
+        AsyncCheckpointer(store, policy="maybe")

@@ -1,0 +1,163 @@
+"""CheckpointStore on a local directory: roundtrip, chunking, dedup, verification, fallback."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from training_platform.checkpoints import CheckpointStore, open_store
+from training_platform.checkpoints.layout import chunk_key, manifest_key
+from training_platform.checkpoints.storage import LocalStorage
+from training_platform.errors import CheckpointError
+
+
+def make_state(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model": {
+            "big": torch.randn(3000, generator=g),  # 12 KB: three 4 KB chunks with small_chunks
+            "small": torch.randn(7, generator=g),
+            "half": torch.randn(5, 5, generator=g).to(torch.bfloat16),
+            "transposed": torch.randn(4, 6, generator=g).t(),
+            "empty": torch.empty(0, 3),
+            "ints": torch.arange(10, dtype=torch.int64),
+            "mask": torch.tensor([True, False]),
+        },
+        "optim": [{"step": 3, "lr": 0.1}],
+        "numpy": np.arange(4, dtype=np.float32),
+        "meta": ("text", None, 2.5, b"raw"),
+    }
+
+
+def assert_same(a, b) -> None:
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, list | tuple):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+@pytest.fixture
+def store(tmp_path, small_chunks) -> CheckpointStore:
+    store = open_store(tmp_path / "store")
+    store.lease_settle_seconds = 0.0
+    return store
+
+
+def test_roundtrip_is_bitwise_and_large_tensors_are_chunked(store):
+    state = make_state()
+    manifest, stats = store.save("run-a", 10, state, {"loss": 1.5})
+    big = next(t for t in manifest.tensors if t.shape == [3000])
+    assert len(big.chunks) == 3 and stats.bytes_written == manifest.total_bytes
+    restored = store.restore_latest("run-a")
+    assert restored.manifest.step == 10 and restored.skipped == []
+    assert_same(state, restored.state)
+    assert restored.manifest.summary()["bytes_written"] == stats.bytes_written
+
+
+def test_unchanged_tensors_are_not_written_again(store):
+    state = make_state()
+    store.save("run-a", 1, state)
+    state["model"]["big"][:10] += 1  # only the first 4 KB chunk of `big` changes
+    manifest, stats = store.save("run-a", 2, state)
+    assert stats.bytes_written == 4096 + manifest.skeleton.size or stats.bytes_written < 4096 * 2
+    assert stats.bytes_deduplicated >= 2 * 4096
+    assert_same(state, store.load(manifest))
+
+
+def test_dedup_across_runs_shares_chunks(store):
+    store.save("run-a", 1, make_state())
+    _, stats = store.save("run-b", 1, make_state())
+    assert stats.bytes_written == 0
+
+
+def test_list_is_per_run_and_ordered(store):
+    for step in (3, 1, 2):
+        store.save("run-a", step, make_state(step))
+    store.save("run-b", 9, make_state())
+    assert [m.step for m in store.list("run-a")] == [1, 2, 3]
+    assert store.run_ids() == ["run-a", "run-b"]
+    assert store.restore_latest("missing") is None
+
+
+def test_a_corrupted_chunk_is_named_and_restore_falls_back(store, tmp_path):
+    store.save("run-a", 1, make_state(1))
+    newest, _ = store.save("run-a", 2, make_state(2))
+    big = next(t for t in newest.tensors if t.shape == [3000])
+    path = tmp_path / "store" / chunk_key(big.chunks[1].sha256)
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    restored = store.restore_latest("run-a")
+    assert restored.manifest.step == 1
+    assert_same(make_state(1), restored.state)
+    [(step, reason)] = restored.skipped
+    assert step == 2 and big.chunks[1].sha256 in reason and "sha256" in reason
+
+
+def test_an_edited_manifest_is_detected_and_restore_falls_back(store, tmp_path):
+    store.save("run-a", 1, make_state(1))
+    store.save("run-a", 2, make_state(2), {"loss": 1.0})
+    path = tmp_path / "store" / manifest_key("run-a", 2)
+    body = json.loads(path.read_text())
+    body["metrics"]["loss"] = 0.01  # a "better" checkpoint, forged
+    path.write_text(json.dumps(body))
+    restored = store.restore_latest("run-a")
+    assert restored.manifest.step == 1
+    assert "000000000002.json" in restored.skipped[0][1] and "sha256" in restored.skipped[0][1]
+
+
+def test_a_missing_chunk_or_truncated_manifest_falls_back(store, tmp_path):
+    store.save("run-a", 1, make_state(1))
+    m2, _ = store.save("run-a", 2, make_state(2))
+    store.save("run-a", 3, make_state(3))
+    (tmp_path / "store" / manifest_key("run-a", 3)).write_text('{"run_id": "run-a", "st')
+    big = next(t for t in m2.tensors if t.shape == [3000])
+    (tmp_path / "store" / chunk_key(big.chunks[0].sha256)).unlink()
+    restored = store.restore_latest("run-a")
+    assert restored.manifest.step == 1
+    assert [step for step, _ in restored.skipped] == [3, 2]
+    assert "unreadable" in restored.skipped[0][1] and "missing" in restored.skipped[1][1]
+
+
+def test_bad_run_ids_are_refused_before_anything_is_written(store, tmp_path):
+    with pytest.raises(ValueError, match="invalid storage key"):
+        store.save("../escape", 1, make_state())
+    assert not (tmp_path / "store" / "chunks").exists()
+
+
+def test_unsupported_state_types_are_refused_with_the_type(store):
+    with pytest.raises(TypeError, match="cannot checkpoint a object"):
+        store.save("run-a", 1, {"x": object()})
+
+
+def test_open_store_refuses_unknown_schemes(tmp_path):
+    with pytest.raises(CheckpointError, match="unsupported"):
+        open_store("gs://bucket/x")
+    assert isinstance(open_store(f"file://{tmp_path}").storage, LocalStorage)
+
+
+def test_files_checkpoint_roundtrip(store, tmp_path):
+    src = tmp_path / "ds"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.bin").write_bytes(bytes(range(256)) * 50)
+    (src / "sub" / "b.txt").write_text("hello")
+    files = {str(p.relative_to(src)): p for p in src.rglob("*") if p.is_file()}
+    manifest, _ = store.save_files("run-f", 5, files, attributes={"format": "deepspeed"})
+    with pytest.raises(CheckpointError, match="restore_files"):
+        store.load(manifest)
+    out = store.restore_files(store.list("run-f")[-1], tmp_path / "out")
+    assert (tmp_path / "out" / "a.bin").read_bytes() == (src / "a.bin").read_bytes()
+    assert out["sub/b.txt"].read_text() == "hello"

@@ -1,0 +1,153 @@
+"""Everything in deploy/kubernetes/ validates, and agrees with the launcher's defaults."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from training_platform.launch.k8s_manifests import KubernetesConfig
+
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes"
+# Helm values files are not API objects; they are checked on their own below.
+HELM_VALUES = {DEPLOY / "dagster" / "values.yaml", DEPLOY / "kueue" / "kueue-values.yaml"}
+MANIFESTS = sorted(p for p in DEPLOY.rglob("*.yaml") if p not in HELM_VALUES)
+
+
+def _docs(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def _all() -> list[dict]:
+    return [doc for path in MANIFESTS for doc in _docs(path)]
+
+
+def _kind(kind: str) -> list[dict]:
+    return [doc for doc in _all() if doc["kind"] == kind]
+
+
+def test_manifests_exist():
+    names = {p.relative_to(DEPLOY).as_posix() for p in MANIFESTS}
+    assert {
+        "rbac.yaml",
+        "kueue/resource-flavors.yaml",
+        "kueue/cluster-queues.yaml",
+        "kueue/local-queues.yaml",
+        "kueue/priority-classes.yaml",
+        "kueue/topology.yaml",
+    } <= names
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.relative_to(DEPLOY).as_posix())
+def test_every_manifest_validates(path, validate_k8s):
+    for doc in _docs(path):
+        validate_k8s(doc)
+
+
+def test_flavors_on_demand_and_spot_per_gpu_type():
+    flavors = {f["metadata"]["name"]: f["spec"] for f in _kind("ResourceFlavor")}
+    gpu_types = {name.removesuffix("-spot").removesuffix("-on-demand") for name in flavors if name != "cpu"}
+    assert len(gpu_types) >= 2
+    for gpu in gpu_types:
+        assert {f"{gpu}-spot", f"{gpu}-on-demand"} <= set(flavors)
+        assert flavors[f"{gpu}-spot"]["nodeTaints"][0]["key"] == KubernetesConfig().spot_taint_key
+        assert "nodeTaints" not in flavors[f"{gpu}-on-demand"]
+    products = set(KubernetesConfig().gpu_products.values())
+    assert {f["nodeLabels"]["nvidia.com/gpu.product"] for n, f in flavors.items() if n != "cpu"} <= products
+
+
+def test_team_queues_share_one_cohort_with_borrowing_and_fair_sharing():
+    flavors = {f["metadata"]["name"] for f in _kind("ResourceFlavor")}
+    queues = _kind("ClusterQueue")
+    assert len(queues) >= 2
+    assert {q["spec"]["cohortName"] for q in queues} == {"training"}
+    assert [c["metadata"]["name"] for c in _kind("Cohort")] == ["training"]
+    for queue in queues:
+        spec = queue["spec"]
+        assert spec["fairSharing"]["weight"] >= 1
+        assert spec["preemption"]["reclaimWithinCohort"] != "Never"
+        for group in spec["resourceGroups"]:
+            for flavor in group["flavors"]:
+                assert flavor["name"] in flavors
+                assert {r["name"] for r in flavor["resources"]} == set(group["coveredResources"])
+                assert any("borrowingLimit" in r for r in flavor["resources"])
+    kueue_config = yaml.safe_load(
+        yaml.safe_load((DEPLOY / "kueue" / "kueue-values.yaml").read_text())["managerConfig"][
+            "controllerManagerConfigYaml"
+        ]
+    )
+    assert kueue_config["kind"] == "Configuration" and kueue_config["fairSharing"]["enable"] is True
+
+
+def test_launcher_defaults_name_objects_that_exist():
+    config = KubernetesConfig()
+    cluster_queues = {q["metadata"]["name"] for q in _kind("ClusterQueue")}
+    local_queues = {(q["metadata"]["namespace"], q["metadata"]["name"]) for q in _kind("LocalQueue")}
+    for namespace, name in local_queues:
+        assert name == config.queue_template.format(team=namespace)
+    assert {q["spec"]["clusterQueue"] for q in _kind("LocalQueue")} <= cluster_queues
+    assert set(config.priority_classes.values()) == {p["metadata"]["name"] for p in _kind("WorkloadPriorityClass")}
+    (topology,) = _kind("Topology")
+    levels = [level["nodeLabel"] for level in topology["spec"]["levels"]]
+    assert set(config.topology_levels.values()) <= set(levels)
+
+
+def test_launcher_rbac_is_least_privilege():
+    (role,) = _kind("ClusterRole")
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    needed = {("batch", "jobs", v) for v in ("create", "get", "delete")} | {
+        ("", "configmaps", "create"),
+        ("", "services", "create"),
+        ("", "pods", "list"),
+        ("", "pods/log", "get"),
+        ("kueue.x-k8s.io", "workloads", "list"),
+        ("kueue.x-k8s.io", "localqueues", "get"),
+        ("kueue.x-k8s.io", "localqueues", "list"),
+    }
+    assert needed <= granted
+    assert not {g for g in granted if g[1] in ("secrets", "*") or g[2] in ("*", "escalate", "bind", "impersonate")}
+    bound = {b["metadata"]["namespace"] for b in _kind("RoleBinding")}
+    assert bound == {q["metadata"]["namespace"] for q in _kind("LocalQueue")}
+    assert not _kind("ClusterRoleBinding")
+
+
+def test_dagster_helm_values_use_k8s_run_launcher_and_postgres():
+    values = yaml.safe_load((DEPLOY / "dagster" / "values.yaml").read_text())
+    # Top-level keys of the official chart (helm/dagster/values.yaml, Dagster 1.x).
+    known = {
+        "global",
+        "dagsterWebserver",
+        "dagster-user-deployments",
+        "runLauncher",
+        "dagsterDaemon",
+        "postgresql",
+        "generatePostgresqlPasswordSecret",
+        "serviceAccount",
+        "rbacEnabled",
+        "computeLogManager",
+        "pythonLogs",
+        "ingress",
+        "telemetry",
+    }
+    assert set(values) <= known
+    assert values["runLauncher"]["type"] == "K8sRunLauncher"
+    assert values["postgresql"]["enabled"] is True and "postgresqlPassword" not in values["postgresql"]
+    launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
+    assert launcher["runK8sConfig"]["podSpecConfig"]["serviceAccountName"] == "training-launcher"
+
+
+def test_training_image_pins_the_projects_torch_and_runs_as_non_root():
+    dockerfile = (DEPLOY / "image" / "Dockerfile").read_text()
+    pyproject = (DEPLOY.parents[1] / "pyproject.toml").read_text()
+    torch_pin = re.search(r'"torch==([^"]+)"', pyproject).group(1)
+    assert f"ARG TORCH_VERSION={torch_pin}" in dockerfile
+    assert re.search(r"^USER 1000$", dockerfile, re.MULTILINE)
+    assert "dagster-pipes" in dockerfile and "pip install dagster " not in dockerfile

@@ -1,0 +1,131 @@
+"""KubernetesLauncher against fake API classes: what it creates, how it reads state, how it fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+from training_platform.errors import LaunchError, SpecError
+from training_platform.launch.base import JobHandle, JobState, RunRequest
+from training_platform.launch.kubernetes import KubernetesLauncher
+from training_platform.spec import parse_spec
+
+RECORDED = Path(__file__).resolve().parents[2] / "fixtures" / "k8s_recorded"
+
+
+def _api_error(status: int, body: str) -> ApiException:
+    error = ApiException(status=status, reason="Forbidden" if status == 403 else "Not Found")
+    error.body = body
+    return error
+
+
+class FakeBatch:
+    def __init__(self, job=None, create_error=None):
+        self.job, self.create_error, self.created, self.deleted = job, create_error, [], []
+
+    def create_namespaced_job(self, namespace, body):
+        if self.create_error:
+            raise self.create_error
+        self.created.append((namespace, body))
+        return SimpleNamespace(metadata=SimpleNamespace(name=body["metadata"]["name"], uid="uid-1"))
+
+    def read_namespaced_job(self, name, namespace):
+        if self.job is None:
+            raise _api_error(404, "not found")
+        return self.job
+
+    def delete_namespaced_job(self, name, namespace, propagation_policy):
+        self.deleted.append((namespace, name, propagation_policy))
+
+
+class FakeCore:
+    def __init__(self, pods=()):
+        self.pods, self.created = list(pods), []
+
+    def create_namespaced_config_map(self, namespace, body):
+        self.created.append(body)
+
+    def create_namespaced_service(self, namespace, body):
+        self.created.append(body)
+
+    def list_namespaced_pod(self, namespace, label_selector):
+        return SimpleNamespace(items=self.pods)
+
+
+class FakeCustom:
+    def __init__(self, queues=("vision-queue",), workloads=()):
+        self.queues, self.workloads, self.selectors = queues, list(workloads), []
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        if name not in self.queues:
+            raise _api_error(404, "not found")
+        return {"metadata": {"name": name}}
+
+    def list_namespaced_custom_object(self, group, version, namespace, plural, label_selector=None):
+        self.selectors.append((plural, label_selector))
+        if plural == "localqueues":
+            return {"items": [{"metadata": {"name": q}} for q in self.queues]}
+        return {"items": self.workloads}
+
+
+def _launcher(monkeypatch, core, batch, custom) -> KubernetesLauncher:
+    launcher = KubernetesLauncher(api_client=ApiClient())
+    monkeypatch.setattr(launcher, "_apis", lambda: (core, batch, custom))
+    return launcher
+
+
+def _plan(launcher: KubernetesLauncher, **fields):
+    spec = parse_spec({"name": "resnet", "team": "vision", "owner": "ada", **fields})
+    return launcher.plan(RunRequest(spec=spec, run_id="resnet-7", run_dir=Path("/runs/resnet-7")))
+
+
+def test_submit_creates_job_then_owned_configmap_and_service(monkeypatch):
+    core, batch = FakeCore(), FakeBatch()
+    launcher = _launcher(monkeypatch, core, batch, FakeCustom())
+    handle = launcher.submit(_plan(launcher))
+    assert handle.job_id == "vision/tp-resnet-7"
+    ((namespace, job),) = batch.created
+    assert namespace == "vision" and job["kind"] == "Job"
+    assert [o["kind"] for o in core.created] == ["ConfigMap", "Service"]
+    for obj in core.created:
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_unknown_queue_is_refused_before_anything_is_created(monkeypatch):
+    batch = FakeBatch()
+    launcher = _launcher(monkeypatch, FakeCore(), batch, FakeCustom(queues=("vision-queue",)))
+    with pytest.raises(SpecError, match=r"kubernetes.queue: LocalQueue 'gpu-rush' does not exist .*vision-queue"):
+        launcher.submit(_plan(launcher, kubernetes={"queue": "gpu-rush"}))
+    assert batch.created == []
+
+
+def test_api_refusal_is_surfaced_verbatim(monkeypatch):
+    body = '{"kind":"Status","message":"jobs.batch is forbidden: User cannot create resource"}'
+    launcher = _launcher(monkeypatch, FakeCore(), FakeBatch(create_error=_api_error(403, body)), FakeCustom())
+    with pytest.raises(
+        LaunchError, match=r"(?s)refused to create the Job \(HTTP 403 Forbidden\):\n.*is forbidden.*RBAC"
+    ):
+        launcher.submit(_plan(launcher))
+
+
+def test_status_reads_job_workload_and_pods(monkeypatch):
+    recorded = yaml.safe_load((RECORDED / "evicted_by_preemption.yaml").read_text())
+    custom = FakeCustom(workloads=[recorded["workload"]])
+    launcher = _launcher(monkeypatch, FakeCore(recorded["pods"]), FakeBatch(job=recorded["job"]), custom)
+    status = launcher.status(JobHandle("k8s", "vision/tp-resnet-0007", "resnet-0007"))
+    assert status.state is JobState.PREEMPTED and status.preemptions == 1
+    assert ("workloads", f"kueue.x-k8s.io/job-uid={recorded['job']['metadata']['uid']}") in custom.selectors
+
+
+def test_cancel_deletes_the_job_in_the_foreground_and_then_reads_cancelled(monkeypatch):
+    batch = FakeBatch()
+    launcher = _launcher(monkeypatch, FakeCore(), batch, FakeCustom())
+    handle = JobHandle("k8s", "vision/tp-resnet-7", "resnet-7")
+    launcher.cancel(handle)
+    assert batch.deleted == [("vision", "tp-resnet-7", "Foreground")]
+    assert launcher.status(handle).state is JobState.CANCELLED

@@ -1,0 +1,144 @@
+"""Rendered Kubernetes objects: valid for Kubernetes 1.31 and shaped for Kueue gang admission."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from training_platform.errors import SpecError
+from training_platform.launch.base import RunRequest
+from training_platform.launch.k8s_manifests import KubernetesConfig, job_name
+from training_platform.launch.kubernetes import KubernetesLauncher
+from training_platform.spec import parse_spec
+
+SPECS = {
+    "cpu-1-node": {"resources": {"nodes": 1, "procs_per_node": 2}},
+    "gpu-2x4-spot": {"resources": {"nodes": 2, "procs_per_node": 4, "gpus_per_node": 4, "spot": True}},
+    "h100-4x8-same-block": {
+        "resources": {"nodes": 4, "procs_per_node": 8, "gpus_per_node": 8, "gpu_type": "H100", "priority": "high"},
+        "kubernetes": {"placement": "same-block", "secret_refs": ["mlflow-credentials"]},
+        "checkpoint": {"grace_period_seconds": 180},
+    },
+}
+
+
+def _request(run_id: str, env: dict[str, str] | None = None, **fields) -> RunRequest:
+    spec = parse_spec({"name": "resnet", "team": "vision", "owner": "ada", **fields})
+    env = {"TP_HOME": "/data", "MLFLOW_TRACKING_URI": "http://mlflow:5000"} if env is None else env
+    return RunRequest(spec=spec, run_id=run_id, run_dir=Path("/runs") / run_id, env=env)
+
+
+def _objects(run_id: str, **fields) -> dict[str, dict]:
+    plan = KubernetesLauncher().plan(_request(run_id, **fields))
+    return {obj["kind"]: obj for obj in yaml.safe_load_all(plan.files["manifests.yaml"])}
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_every_rendered_object_validates(name, validate_k8s):
+    objects = _objects(name, **SPECS[name])
+    assert set(objects) == {"ConfigMap", "Service", "Job"}
+    for obj in objects.values():
+        validate_k8s(obj)
+
+
+def test_strict_validation_catches_an_unknown_field():
+    job = _objects("typo", **SPECS["cpu-1-node"])["Job"]
+    job["spec"]["replicas"] = 2
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, "1.31", strict=True)
+
+
+def test_job_is_an_indexed_gang_for_kueue():
+    objects = _objects("gang", **SPECS["h100-4x8-same-block"])
+    job, service = objects["Job"], objects["Service"]
+    labels = job["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "vision-queue"
+    assert labels["kueue.x-k8s.io/priority-class"] == "training-high"
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["suspend"]) == (
+        "Indexed",
+        4,
+        4,
+        True,
+    )
+    pod = spec["template"]["spec"]
+    assert service["spec"]["clusterIP"] == "None" and pod["subdomain"] == service["metadata"]["name"]
+    command = pod["containers"][0]["command"]
+    name = job_name("gang")
+    assert f"--rdzv-endpoint={name}-0.{name}:29500" in command
+    assert "--nnodes=4" in command and "--nproc-per-node=8" in command
+    assert command[-4:] == ["training_platform.train", "/etc/training-platform/spec.json", "--run-id", "gang"]
+
+
+def test_gpu_type_spot_and_topology_placement():
+    h100 = _objects("h100", **SPECS["h100-4x8-same-block"])["Job"]["spec"]["template"]
+    pod = h100["spec"]
+    assert h100["metadata"]["annotations"] == {
+        "kueue.x-k8s.io/podset-required-topology": "cloud.provider.com/topology-block"
+    }
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    on_demand = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert on_demand["nodeSelectorTerms"][0]["matchExpressions"][0]["operator"] == "NotIn"
+    assert pod["terminationGracePeriodSeconds"] == 180
+
+    spot = _objects("spot", **SPECS["gpu-2x4-spot"])["Job"]["spec"]["template"]["spec"]
+    assert {"key": "training-platform.io/spot", "operator": "Exists", "effect": "NoSchedule"} in spot["tolerations"]
+    assert "preferredDuringSchedulingIgnoredDuringExecution" in spot["affinity"]["nodeAffinity"]
+    assert "nodeSelector" not in spot  # no gpu_type: any GPU model the queue's flavors offer
+
+    preferred = _objects(
+        "pref", resources={"nodes": 2}, kubernetes={"placement": "same-rack", "placement_required": False}
+    )["Job"]["spec"]["template"]["metadata"]["annotations"]
+    assert preferred == {"kueue.x-k8s.io/podset-preferred-topology": "cloud.provider.com/topology-rack"}
+
+
+def test_cpu_run_has_no_gpu_request_and_no_topology():
+    template = _objects("cpu", **SPECS["cpu-1-node"])["Job"]["spec"]["template"]
+    limits = template["spec"]["containers"][0]["resources"]["limits"]
+    assert "nvidia.com/gpu" not in limits
+    assert "annotations" not in template["metadata"]
+
+
+def test_secrets_are_referenced_never_inlined():
+    objects = _objects("sec", **SPECS["h100-4x8-same-block"])
+    container = objects["Job"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["envFrom"] == [{"secretRef": {"name": "mlflow-credentials"}}]
+    with pytest.raises(SpecError, match="AWS_SECRET_ACCESS_KEY looks like a secret.*kubernetes.secret_refs"):
+        KubernetesLauncher().plan(_request("leak", env={"AWS_SECRET_ACCESS_KEY": "hunter2"}))
+
+
+@pytest.mark.parametrize(
+    ("image", "message"),
+    [
+        ("docker.io/someone/trainer:1.0", "kubernetes.image: 'docker.io/someone/trainer:1.0' is not from an approved"),
+        ("ghcr.io/training-platform/trainer:latest", "has no fixed tag"),
+    ],
+)
+def test_image_allow_list_guardrail(image, message):
+    with pytest.raises(SpecError, match=message):
+        KubernetesLauncher().plan(_request("img", kubernetes={"image": image}))
+    approved = KubernetesConfig(approved_images=("registry.internal/ml/",))
+    plan = KubernetesLauncher(approved).plan(
+        _request("ok", kubernetes={"image": "registry.internal/ml/trainer@sha256:" + "a" * 64})
+    )
+    assert plan.resources["image"].startswith("registry.internal/ml/")
+
+
+def test_more_gpus_per_node_than_any_node_has_is_refused():
+    with pytest.raises(SpecError, match=r"resources.gpus_per_node: 16 GPUs per node .* largest nodes have 8"):
+        KubernetesLauncher().plan(_request("big", resources={"gpus_per_node": 16, "procs_per_node": 16}))
+
+
+def test_job_names_fit_pod_hostnames():
+    name = job_name("Sweep_Trial/" + "x" * 80)
+    assert len(name) <= 50 and name.startswith("tp-sweep-trial-")
+    assert job_name("Sweep_Trial/" + "x" * 80) == name != job_name("Sweep_Trial/" + "x" * 81)
+
+
+def test_plan_renders_without_a_cluster_or_client():
+    text = KubernetesLauncher().plan(_request("print", **SPECS["cpu-1-node"])).render()
+    assert "kind: Job" in text and "backend: k8s" in text

@@ -1,0 +1,130 @@
+"""Each alert rule fires on a run record that breaks it and stays quiet on one that does not."""
+
+import pytest
+
+from training_platform.telemetry.alerts import (
+    AlertThresholds,
+    checkpoint_overhead,
+    cost_outlier,
+    data_wait,
+    evaluate_fleet,
+    evaluate_run,
+    failure_rate,
+    low_utilization,
+    queue_wait,
+)
+from training_platform.telemetry.records import RunRecord
+
+TH = AlertThresholds()
+HOUR = 3600.0
+
+
+def samples(values: list[float], every_s: float = 60.0) -> tuple[tuple[float, float], ...]:
+    return tuple((1000.0 + i * every_s, v) for i, v in enumerate(values))
+
+
+def test_low_utilization_needs_the_whole_window_below_the_floor():
+    idle = RunRecord("idle", device="gpu", utilization=samples([90] + [30] * 11 + [90]))  # 10 min below
+    assert (alert := low_utilization(idle, TH)) is not None
+    assert alert.run_id == "idle" and "GPU utilization stayed below 50%" in alert.what
+    assert "utilization plot" in alert.look_at
+    dips = RunRecord("dips", utilization=samples([30, 30, 90] * 8))  # short dips only
+    assert low_utilization(dips, TH) is None
+    busy = RunRecord("busy", utilization=samples([95] * 30))
+    assert low_utilization(busy, TH) is None
+
+
+def test_low_utilization_window_is_configurable():
+    short = AlertThresholds(utilization_window_s=2.0)
+    run = RunRecord("r", utilization=samples([10, 10, 10], every_s=1.0))
+    assert low_utilization(run, short) is not None
+    assert low_utilization(run, TH) is None
+
+
+@pytest.mark.parametrize(("fraction", "fires"), [(0.25, True), (0.10, False), (0.02, False), (None, False)])
+def test_data_wait(fraction, fires):
+    alert = data_wait(RunRecord("r", data_wait_fraction=fraction), TH)
+    assert (alert is not None) == fires
+    if fires:
+        assert "25% of the training loop waited for data" in alert.what and "data loader" in alert.look_at
+
+
+@pytest.mark.parametrize(("overhead", "fires"), [(0.05, True), (0.02, False), (0.001, False)])
+def test_checkpoint_overhead(overhead, fires):
+    alert = checkpoint_overhead(RunRecord("r", checkpoint_overhead=overhead), TH)
+    assert (alert is not None) == fires
+    if fires:
+        assert "checkpoint.every_steps" in alert.look_at
+
+
+def test_queue_wait_for_started_and_still_queued_runs():
+    started_late = RunRecord("late", queued_at=0.0, started_at=3 * HOUR, team="vision")
+    assert "before it started" in queue_wait(started_late, TH, now=4 * HOUR).what
+    assert "--team vision" in queue_wait(started_late, TH, now=4 * HOUR).look_at
+    started_soon = RunRecord("soon", queued_at=0.0, started_at=60.0)
+    assert queue_wait(started_soon, TH, now=10 * HOUR) is None
+    waiting = RunRecord("waiting", status="QUEUED", queued_at=0.0)
+    assert queue_wait(waiting, TH, now=1 * HOUR) is None
+    assert "still queued" in queue_wait(waiting, TH, now=2.5 * HOUR).what
+    failed_before_start = RunRecord("never", status="FAILED", queued_at=0.0)
+    assert queue_wait(failed_before_start, TH, now=5 * HOUR) is None
+
+
+def _finished(n_ok: int, n_failed: int) -> list[RunRecord]:
+    runs = [RunRecord(f"ok-{i}", status="SUCCEEDED", ended_at=float(i)) for i in range(n_ok)]
+    runs += [RunRecord(f"bad-{i}", status="FAILED", ended_at=100.0 + i) for i in range(n_failed)]
+    return runs
+
+
+def test_failure_rate_over_the_last_twenty_runs():
+    alert = failure_rate(_finished(18, 2), TH)  # 10% > 5%
+    assert alert is not None and alert.severity == "ERROR"
+    assert "2 of the last 20 runs failed" in alert.what and "bad-1" in alert.look_at
+    assert failure_rate(_finished(19, 1), TH) is None  # exactly 5% is allowed
+    assert failure_rate(_finished(5, 3), TH) is None  # too few runs to judge
+    # Old failures fall out of the window once 20 newer runs succeeded.
+    old_failures = [RunRecord("old", status="FAILED", ended_at=-1.0)] * 3
+    newer = [RunRecord(f"n{i}", status="SUCCEEDED", ended_at=200.0 + i) for i in range(20)]
+    assert failure_rate(old_failures + newer, TH) is None
+
+
+def test_cost_outlier_against_family_median():
+    family = [RunRecord(f"p{i}", family="digits", status="SUCCEEDED", cost_usd=1.0 + 0.1 * i) for i in range(4)]
+    spike = RunRecord("spike", family="digits", status="SUCCEEDED", cost_usd=5.0)
+    alert = cost_outlier(spike, family + [spike], TH)
+    assert alert is not None and "of its family 'digits'" in alert.what and alert.value > 3
+    normal = RunRecord("normal", family="digits", status="SUCCEEDED", cost_usd=1.5)
+    assert cost_outlier(normal, family, TH) is None
+    other_family = [RunRecord(f"o{i}", family="other", status="SUCCEEDED", cost_usd=0.01) for i in range(5)]
+    assert cost_outlier(normal, other_family, TH) is None  # no peers in its own family
+    assert cost_outlier(spike, family[:2], TH) is None  # too few peers to compare
+
+
+def test_cost_outlier_prefers_the_sweep():
+    sweep = [RunRecord(f"t{i}", family="f", sweep="s1", status="SUCCEEDED", cost_usd=10.0) for i in range(3)]
+    family = [RunRecord(f"x{i}", family="f", status="SUCCEEDED", cost_usd=0.1) for i in range(3)]
+    trial = RunRecord("trial", family="f", sweep="s1", cost_usd=12.0)
+    assert cost_outlier(trial, sweep + family, TH) is None  # 1.2x its sweep, though 120x the family
+
+
+def test_evaluate_run_and_fleet_name_every_rule():
+    run = RunRecord("r", data_wait_fraction=0.5, checkpoint_overhead=0.0, queued_at=0.0, started_at=1.0)
+    results = evaluate_run(run, [], TH, now=10.0)
+    assert set(results) == {"low_utilization", "data_wait", "checkpoint_overhead", "cost_outlier", "queue_wait"}
+    assert [name for name, alert in results.items() if alert] == ["data_wait"]
+    queued = RunRecord("q", status="QUEUED", queued_at=0.0)
+    fleet = evaluate_fleet(_finished(18, 2) + [queued], TH, now=3 * HOUR)
+    assert sorted(a.rule for a in fleet) == ["failure_rate", "queue_wait"]
+
+
+def test_alert_text_says_what_where_and_what_to_look_at():
+    alert = data_wait(RunRecord("run-42", data_wait_fraction=0.3), TH)
+    text = alert.text()
+    assert text.startswith("[data_wait] run run-42: ") and "Look at: " in text
+
+
+def test_thresholds_are_validated():
+    with pytest.raises(ValueError):
+        AlertThresholds(utilization_min_pct=150)
+    with pytest.raises(ValueError):
+        AlertThresholds(typo=1)
