@@ -1,9 +1,10 @@
 """Sensors and schedules: preemption, run status, new data, retraining, sweeps."""
 
 from sensors.preemption import preemption_sensor
+from sensors.run_status import training_failure_sensor
 from sensors.sweep_windows import sweep_window_schedule
 
-ALL_SENSORS = [preemption_sensor]
+ALL_SENSORS = [preemption_sensor, training_failure_sensor]
 ALL_SCHEDULES = [sweep_window_schedule]
 
 __all__ = ["ALL_SCHEDULES", "ALL_SENSORS"]

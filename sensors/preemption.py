@@ -10,6 +10,7 @@ import json
 
 import dagster as dg
 
+from assets.jobs import training_pipeline
 from resources.launcher import LauncherResource
 from resources.platform import PlatformResource
 from training_platform.errors import PlatformError
@@ -54,7 +55,7 @@ def observation(run_id: str, backend: str, interruption) -> dg.AssetObservation:
     minimum_interval_seconds=10,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Records preemptions of training runs and resumes runs whose job is gone.",
-    job_name="training_pipeline",
+    job=training_pipeline,
 )
 def preemption_sensor(context: dg.SensorEvaluationContext, platform: PlatformResource, launcher: LauncherResource):
     home = platform.paths()
@@ -103,4 +104,3 @@ def _recover(
         )
     elif decision.action == Recovery.GIVE_UP:
         context.log.warning(f"{run_id}: not resumed: {decision.reason}")
-

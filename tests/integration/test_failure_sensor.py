@@ -1,0 +1,72 @@
+"""The run-status sensor retries a failed (not preempted) run only as often as the spec allows."""
+
+import dagster as dg
+import pytest
+
+from assets import ALL_ASSETS
+from definitions import defs
+from sensors.run_status import training_failure_sensor
+from training_platform.datasets import build_snapshot
+from training_platform.paths import PlatformHome
+from training_platform.runs import register_run
+from training_platform.spec import parse_spec
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> PlatformHome:
+    monkeypatch.setenv("TP_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    (tmp_path / "dagster").mkdir()
+    return PlatformHome.from_env().ensure()
+
+
+def _fail_and_tick(home: PlatformHome, run_id: str, spec, ticks: int) -> list[list[dg.RunRequest]]:
+    """Materialize a run that fails, then evaluate the failure sensor `ticks` times on that failure."""
+    with dg.DagsterInstance.get() as instance:
+        register_run(home, spec, run_id)
+        instance.add_dynamic_partitions("training_runs", [run_id])
+        result = dg.materialize(
+            ALL_ASSETS,
+            selection=["training_run"],
+            partition_key=run_id,
+            instance=instance,
+            resources=defs.resources,
+            raise_on_error=False,
+        )
+        assert not result.success
+        outcomes = []
+        for _ in range(ticks):
+            context = dg.build_run_status_sensor_context(
+                sensor_name="training_failure_sensor",
+                dagster_event=result.get_run_failure_event(),
+                dagster_instance=instance,
+                dagster_run=instance.get_run_by_id(result.run_id),
+                resources=defs.resources,
+            ).for_run_failure()
+            outcomes.append([r for r in (training_failure_sensor(context) or []) if isinstance(r, dg.RunRequest)])
+        return outcomes
+
+
+def _spec(**fields):
+    return parse_spec({"name": "doomed", "team": "qa", "owner": "ci", **fields})
+
+
+def test_failed_run_is_retried_within_its_policy_then_reported(home):
+    snapshot = build_snapshot("sklearn_digits", home.snapshots).snapshot_id
+    # The worker fails at start (a batch larger than the data): a failure, not a preemption.
+    spec = _spec(
+        dataset={"snapshot_id": snapshot}, training={"batch_size": 4096}, preemption={"retry_failures": 1}
+    )
+    first, second = _fail_and_tick(home, "doomed-1", spec, ticks=2)
+    (retry,) = first
+    assert retry.partition_key == "doomed-1"
+    assert "FAILED" in retry.tags["tp/reason"]
+    assert second == []  # retry_failures: 1 is used up: reported, not retried again
+
+
+def test_bad_input_is_reported_and_never_retried(home):
+    spec = _spec(dataset={"snapshot_id": "0" * 64}, preemption={"retry_failures": 3})
+    (outcome,) = _fail_and_tick(home, "bad-1", spec, ticks=1)
+    assert outcome == []
