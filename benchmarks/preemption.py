@@ -1,0 +1,92 @@
+"""Preemption benchmark: the same run uninterrupted and SIGTERM-preempted every N seconds, side by side.
+
+Prints `name: value` lines:
+  goodput                   wall time uninterrupted / wall time preempted (resubmitted at once, as a requeue)
+  lost_steps_per_preemption steps redone after each preemption (SIGTERM with a grace period)
+  recovery_seconds          median from the signal to the first resumed training step
+  weights_equal             whether both runs ended with bitwise the same weights
+
+Usage: python benchmarks/preemption.py [--interval 20] [--steps 12000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.fixtures.worker import job_pid, launch, wait  # noqa: E402
+from training_platform.datasets import build_snapshot  # noqa: E402
+from training_platform.launch import JobState  # noqa: E402
+from training_platform.launch.local import LocalLauncher  # noqa: E402
+from training_platform.preemption import summarize  # noqa: E402
+from training_platform.runlog import RunEvents  # noqa: E402
+from training_platform.spec import parse_spec  # noqa: E402
+
+
+def run(home: Path, run_id: str, spec, interval: float | None) -> tuple[float, int]:
+    """Wall seconds until the run succeeds, resubmitting after each preemption; and the preemption count."""
+    launcher = LocalLauncher(visible_gpus=0)
+    started = time.monotonic()
+    preemptions = 0
+    while True:
+        handle = launch(home, run_id, spec, launcher)
+        attempt_started = time.monotonic()
+        while interval is not None and not launcher.status(handle).state.finished:
+            if time.monotonic() - attempt_started >= interval:
+                os.killpg(job_pid(handle), signal.SIGTERM)
+                break
+            time.sleep(0.05)
+        status = wait(launcher, handle, timeout=3600)
+        if status.state == JobState.SUCCEEDED:
+            return time.monotonic() - started, preemptions
+        if status.state != JobState.PREEMPTED:
+            raise RuntimeError(f"{run_id} ended {status.state}: {launcher.logs(handle)[-2000:]}")
+        preemptions += 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--interval", type=float, default=20.0, help="seconds between preemptions")
+    parser.add_argument("--steps", type=int, default=12000, help="training steps of the run")
+    args = parser.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="tp-bench-preemption-"))
+    snapshot = build_snapshot("sklearn_digits", home / "snapshots").snapshot_id
+    spec = parse_spec(
+        {
+            "name": "bench",
+            "team": "bench",
+            "owner": "bench",
+            "dataset": {"snapshot_id": snapshot},
+            "training": {"max_steps": args.steps, "batch_size": 32, "eval_every": 2000, "log_every": 100},
+            "checkpoint": {"every_steps": 2000, "keep_last": 2, "store_uri": str(home / "checkpoints")},
+        }
+    )
+    straight_seconds, _ = run(home, "straight", spec, None)
+    preempted_seconds, preemptions = run(home, "preempted", spec, args.interval)
+    summary = summarize(RunEvents(home / "runs" / "preempted").read())
+    lost = [i.lost_steps for i in summary.interruptions if i.lost_steps is not None]
+    recoveries = summary.recovery_seconds
+    results = {
+        name: json.loads((home / "runs" / name / "result.json").read_text())["final_weights_sha256"]
+        for name in ("straight", "preempted")
+    }
+    print(f"uninterrupted_seconds: {straight_seconds:.1f}")
+    print(f"preempted_seconds: {preempted_seconds:.1f}")
+    print(f"preemptions: {preemptions}")
+    print(f"goodput: {straight_seconds / preempted_seconds:.3f}")
+    print(f"lost_steps_per_preemption: {statistics.mean(lost) if lost else 0:.2f}")
+    print(f"recovery_seconds: {statistics.median(recoveries) if recoveries else float('nan'):.2f}")
+    print(f"weights_equal: {results['straight'] == results['preempted']}")
+
+
+if __name__ == "__main__":
+    main()
