@@ -36,7 +36,8 @@ def _table(checkpoints: list[dict]) -> dg.TableMetadataValue:
 )
 def checkpoints(context: dg.AssetExecutionContext, training_run: dict):
     store = open_store(training_run["store_uri"])
-    manifests = [m.summary() for m in store.list(training_run["run_id"])]
+    key = training_run["checkpoint_key"]
+    manifests = [m.summary() for m in store.list(key)]
     final = next((m for m in manifests if m["step"] == training_run["final_step"]), None)
     if final is None:
         raise dg.Failure(
@@ -45,6 +46,7 @@ def checkpoints(context: dg.AssetExecutionContext, training_run: dict):
         )
     value = {
         "run_id": training_run["run_id"],
+        "checkpoint_key": key,
         "store_uri": training_run["store_uri"],
         "checkpoints": manifests,
         "final": final,
@@ -63,7 +65,7 @@ def checkpoints(context: dg.AssetExecutionContext, training_run: dict):
 
 def newest_checkpoint_restores(checkpoints: dict) -> dg.AssetCheckResult:
     store = open_store(checkpoints["store_uri"])
-    restored = store.restore_latest(checkpoints["run_id"])
+    restored = store.restore_latest(checkpoints["checkpoint_key"])
     if restored is None:
         return dg.AssetCheckResult(
             check_name="newest_checkpoint_restores", passed=False, description="no checkpoint of this run verifies"

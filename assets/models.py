@@ -19,7 +19,7 @@ from training_platform.spec import parse_spec
 def evaluated_model(training_run: dict, checkpoints: dict, platform: PlatformResource) -> dg.Output[dict]:
     spec = parse_spec(training_run["spec"])
     final = checkpoints["final"]
-    manifest = find_checkpoint(checkpoints["store_uri"], training_run["run_id"], final["step"], final["sha256"])
+    manifest = find_checkpoint(checkpoints["store_uri"], checkpoints["checkpoint_key"], final["step"], final["sha256"])
     evaluation, _ = evaluate_checkpoint(spec, platform.paths().snapshots, checkpoints["store_uri"], manifest)
     if evaluation.weights_sha256 != training_run["final_weights_sha256"]:
         raise dg.Failure(
@@ -33,6 +33,7 @@ def evaluated_model(training_run: dict, checkpoints: dict, platform: PlatformRes
     value = {
         **evaluation.__dict__,
         "run_id": training_run["run_id"],
+        "checkpoint_key": checkpoints["checkpoint_key"],
         "store_uri": checkpoints["store_uri"],
         "checkpoint_sha256": manifest.manifest_sha256,
     }
@@ -63,7 +64,10 @@ def registered_model(
 
     store_uri = evaluated_model["store_uri"]
     manifest = find_checkpoint(
-        store_uri, training_run["run_id"], evaluated_model["checkpoint_step"], evaluated_model["checkpoint_sha256"]
+        store_uri,
+        evaluated_model["checkpoint_key"],
+        evaluated_model["checkpoint_step"],
+        evaluated_model["checkpoint_sha256"],
     )
     snapshots = platform.paths().snapshots
     model = load_model(spec, snapshots, store_uri, manifest)

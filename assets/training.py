@@ -7,12 +7,14 @@ from assets.partitions import training_runs
 from resources.launcher import LauncherResource
 from resources.platform import PlatformResource
 from training_platform import tracking
+from training_platform.attempts import begin_attempt, finish_attempt
 from training_platform.cost.accounting import record_run_cost
-from training_platform.launch import JobState, RunRequest
 from training_platform.errors import SpecError
-from training_platform.lineage import LineageKey
+from training_platform.launch import JobState, RunRequest
+from training_platform.lineage import LineageKey, environment_lock
 from training_platform.preemption import summarize
 from training_platform.preflight import preflight
+from training_platform.reproduce import compare
 from training_platform.runlog import RunEvents
 from training_platform.runs import load_run_spec, read_result
 from training_platform.spec import parse_spec
@@ -32,17 +34,33 @@ class TrainingRunConfig(dg.Config):
     kinds={"pytorch"},
     description="One training run: the worker launched by torchrun, Slurm or Kubernetes, followed via Pipes.",
     deps=["dataset_snapshot"],
+    check_specs=[
+        dg.AssetCheckSpec(
+            "reproducibility",
+            asset="training_run",
+            description="First attempt: the run can be reproduced (committed code, pinned snapshot). A re-"
+            "materialized (backfilled) run: it reproduces its original (bitwise weights on CPU, metrics within "
+            "tolerance elsewhere), with a diff of code, packages, snapshot and device.",
+        )
+    ],
 )
 def training_run(
     context: dg.AssetExecutionContext,
     config: TrainingRunConfig,
     platform: PlatformResource,
     launcher: LauncherResource,
-) -> dg.Output[dict]:
+):
     home = platform.paths()
     run_id = context.partition_key
-    spec = load_run_spec(home, run_id)
-    spec = spec.with_snapshot(spec.dataset.snapshot_id or _latest_snapshot_id(context))
+    run_dir = home.run_dir(run_id)
+    attempt = begin_attempt(run_dir, run_id)
+    if attempt.is_reproduction:
+        # Reproduce from the original's lineage: its resolved spec pins the snapshot it trained on.
+        spec = parse_spec(attempt.original["spec"], source=f"run {run_id}'s original record")
+        context.log.info(f"run {run_id} finished before: reproducing it from scratch ({attempt.checkpoint_key})")
+    else:
+        spec = load_run_spec(home, run_id)
+        spec = spec.with_snapshot(spec.dataset.snapshot_id or _latest_snapshot_id(context))
     store_uri = platform.store_uri_for(spec.checkpoint.store_uri)
     spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"store_uri": store_uri})})
     if config.backend:
@@ -63,13 +81,17 @@ def training_run(
     mlflow_run_id = tracking.start_run(tracking_uri, home.mlflow_artifacts, spec, tags)
     context.log.info(f"MLflow run {mlflow_run_id} in experiment {tracking.experiment_name(spec)}")
 
-    run_dir = home.run_dir(run_id)
     (run_dir / "result.json").unlink(missing_ok=True)
     request = RunRequest(
         spec=spec,
         run_id=run_id,
         run_dir=run_dir,
-        env={"TP_HOME": str(home.root), "MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_RUN_ID": mlflow_run_id}
+        env={
+            "TP_HOME": str(home.root),
+            "MLFLOW_TRACKING_URI": tracking_uri,
+            "MLFLOW_RUN_ID": mlflow_run_id,
+            "TP_CHECKPOINT_KEY": attempt.checkpoint_key,
+        }
         | (trial.worker_env() if trial else {}),
     )
     outcome = launcher.run(context, request)
@@ -107,8 +129,44 @@ def training_run(
     }
     cost = record_run_cost(home.root, spec, run_id, result, preemptions.metadata()["lost_steps"], trial and trial.sweep)
     metadata.update(cost.as_metadata(), status=result.get("status", "SUCCEEDED"))  # PRUNED for pruned trials
-    value = {**result, "spec": spec.model_dump(mode="json"), "lineage": lineage.as_dict(), "store_uri": store_uri}
-    return dg.Output(value, metadata=metadata, data_version=dg.DataVersion(result["final_weights_sha256"]))
+    value = {
+        **result,
+        "spec": spec.model_dump(mode="json"),
+        "lineage": lineage.as_dict(),
+        "store_uri": store_uri,
+        "environment": environment_lock(),
+        "dagster_run_id": context.run_id,
+    }
+    finish_attempt(run_dir, value)
+    yield dg.Output(value, metadata=metadata, data_version=dg.DataVersion(result["final_weights_sha256"]))
+    yield _reproducibility(attempt, value)
+
+
+def _reproducibility(attempt, record: dict) -> dg.AssetCheckResult:
+    if not attempt.is_reproduction:
+        dirty = record["lineage"]["code_dirty"]
+        return dg.AssetCheckResult(
+            check_name="reproducibility",
+            passed=not dirty,
+            severity=dg.AssetCheckSeverity.WARN,
+            description="not exactly reproducible: the code had uncommitted changes"
+            if dirty
+            else "reproducible: committed code, pinned snapshot and recorded environment",
+            metadata={"code_commit": record["lineage"]["code_commit"], "snapshot_id": record["snapshot_id"]},
+        )
+    report = compare(attempt.original, record)
+    return dg.AssetCheckResult(
+        check_name="reproducibility",
+        passed=report.passed,
+        description=report.summary(),
+        metadata={
+            "exact": report.exact,
+            "weights_equal": report.weights_equal,
+            "differences": dg.MetadataValue.json(report.differences),
+            "reasons_not_exact": dg.MetadataValue.json(report.reasons_not_exact),
+            "original_dagster_run": str(attempt.original.get("dagster_run_id")),
+        },
+    )
 
 
 def _preemption_metadata(summary) -> dict:
@@ -122,11 +180,8 @@ def _preemption_metadata(summary) -> dict:
 
 
 def _latest_snapshot_id(context: dg.AssetExecutionContext) -> str:
-    """The newest dataset_snapshot materialization, for specs that build from a source."""
-    event = context.instance.get_latest_materialization_event(dg.AssetKey("dataset_snapshot"))
-    if event is None or event.asset_materialization is None:
-        raise SpecError(
-            "dataset: no dataset_snapshot has been materialized yet; materialize it first "
-            "(tp train does) or set dataset.snapshot_id"
-        )
-    return str(event.asset_materialization.metadata["snapshot_id"].value)
+    """The dataset_snapshot of the run's source: the day its spec names (dataset.as_of), else the newest day."""
+    from assets.datasets import resolve_snapshot_id
+
+    dataset = load_run_spec(context.resources.platform.paths(), context.partition_key).dataset
+    return resolve_snapshot_id(context.instance, dataset.source, dataset.as_of)

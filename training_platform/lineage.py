@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -17,9 +18,14 @@ class CodeVersion:
     dirty: bool
 
 
+def code_dir() -> Path:
+    """The repository whose commit identifies "the code": $TP_CODE_DIR, else this project."""
+    return Path(os.environ.get("TP_CODE_DIR") or Path(__file__).resolve().parent.parent)
+
+
 def code_version(repo: Path | None = None) -> CodeVersion:
-    """The git commit of the project (and whether the tree had uncommitted changes)."""
-    cwd = repo or Path(__file__).resolve().parent.parent
+    """The git commit of the code (and whether the tree had uncommitted changes)."""
+    cwd = repo or code_dir()
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
