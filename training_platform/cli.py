@@ -23,11 +23,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from training_platform.attempts import latest_record
+from training_platform.cost import check_budget, estimate_run_usd
+from training_platform.cost.commands import cost_app
 from training_platform.errors import PlatformError, SpecError
 from training_platform.launch import RunRequest
 from training_platform.launch.local import LOG_FILE, LocalLauncher
 from training_platform.paths import PlatformHome
-from training_platform.preflight import preflight
+from training_platform.preflight import check_snapshot, preflight
 from training_platform.runs import register_run
 from training_platform.spec import BACKENDS, TrainSpec, load_spec, parse_spec
 
@@ -37,6 +40,7 @@ DEMO_SPEC = PROJECT_ROOT / "examples" / "digits.yaml"
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train, track and reproduce models.")
 console = Console(stderr=True)
 JsonFlag = Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")]
+app.add_typer(cost_app, name="cost")
 
 
 def _emit(summary: dict[str, Any], as_json: bool) -> None:
@@ -86,7 +90,7 @@ def _quiet_libraries() -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
-def _materialize(selection: list[str], partition_key: str | None = None):
+def _materialize(selection: list[str], partition_key: str | None = None, ops: dict | None = None):
     import dagster as dg
 
     _quiet_libraries()
@@ -101,9 +105,23 @@ def _materialize(selection: list[str], partition_key: str | None = None):
         instance=dg.DagsterInstance.get(),
         resources=defs.resources,
         raise_on_error=False,
-        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}} | (ops or {}),
         tags={"team": "", "launched_by": "tp"},
     )
+
+
+def _materialize_snapshot(source: str, day: str | None = None):
+    """Build the `day` (default today, UTC) partition of dataset_snapshot from `source`; raise if it fails."""
+    from assets.datasets import snapshot_run_config, today_partition
+
+    day = day or today_partition()
+    result = _run_with_progress(
+        f"dataset snapshot {day} + expectations",
+        lambda: _materialize(["dataset_snapshot"], partition_key=day, ops=snapshot_run_config(source)),
+    )
+    if not result.success:
+        raise PlatformError(f"dataset snapshot {day} failed: {_failure_message(result)}")
+    return result
 
 
 def _failure_message(result) -> str:
@@ -166,9 +184,7 @@ def run_pipeline(spec: TrainSpec, home: PlatformHome) -> dict[str, Any]:
     import dagster as dg
 
     if spec.dataset.snapshot_id is None:
-        result = _run_with_progress("dataset snapshot + expectations", lambda: _materialize(["dataset_snapshot"]))
-        if not result.success:
-            raise PlatformError(f"dataset snapshot failed: {_failure_message(result)}")
+        _materialize_snapshot(spec.dataset.source, spec.dataset.as_of and spec.dataset.as_of.isoformat())
     run_id = register_run(home, spec)
     dg.DagsterInstance.get().add_dynamic_partitions("training_runs", [run_id])
     selection = ["training_run", "checkpoints", "evaluated_model", "registered_model"]
@@ -228,6 +244,7 @@ def train(
     try:
         home = _home()
         spec = _validated(load_spec(spec_path), home, launcher)
+        check_budget(home.root, spec.team, estimate_run_usd(spec))  # refused before anything is queued
         summary = run_pipeline(spec, home)
     except PlatformError as exc:
         _fail(exc, as_json)
@@ -266,8 +283,12 @@ def demo(as_json: JsonFlag = False) -> None:
 
 
 @app.command()
-def doctor(as_json: JsonFlag = False) -> None:
-    """Check the environment: Python, torch and devices, MLflow store, Dagster home."""
+def doctor(
+    as_json: JsonFlag = False,
+    bench: Annotated[bool, typer.Option("--bench", help="also measure checkpoint, all-reduce and data speed")] = False,
+    spec_path: Annotated[Path, typer.Option("--spec", help="spec whose checkpoint size is benchmarked")] = DEMO_SPEC,
+) -> None:
+    """Check the environment: Python, torch and devices, MLflow store, Dagster home (--bench: speeds)."""
     import torch
 
     home = _home()
@@ -293,8 +314,10 @@ def doctor(as_json: JsonFlag = False) -> None:
     dagster_home = home.dagster_home
     checks.append(("dagster_home", os.access(dagster_home, os.W_OK), str(dagster_home)))
     ok = all(passed for _, passed, _ in checks)
+    bench_results = _doctor_bench(spec_path, home) if bench else None
     if as_json:
-        print(json.dumps({"ok": ok, "checks": {name: {"ok": p, "detail": d} for name, p, d in checks}}))
+        report = {"ok": ok, "checks": {name: {"ok": p, "detail": d} for name, p, d in checks}}
+        print(json.dumps(report | ({"bench": [b.to_dict() for b in bench_results]} if bench_results else {})))
     else:
         table = Table("check", "ok", "detail")
         for name, passed, detail in checks:
@@ -302,6 +325,317 @@ def doctor(as_json: JsonFlag = False) -> None:
         console.print(table)
     if not ok:
         raise typer.Exit(1)
+
+
+@app.command()
+def sweep(
+    sweep_path: Annotated[Path, typer.Argument(help="YAML sweep (see examples/*sweep*.yaml)")],
+    now: Annotated[bool, typer.Option("--now", help="start now even when a cheaper window comes later")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run a sweep through Dagster (trials are training_run partitions), or queue it for its cost window."""
+    from datetime import UTC, datetime, timedelta
+
+    from training_platform.sweeps import SweepQueue, load_sweep
+    from training_platform.sweeps.queue import sweep_window
+
+    try:
+        home = _home()
+        spec = load_sweep(sweep_path)
+        _validated(spec.base_spec, home, None)
+        check_budget(home.root, spec.team, spec.limits.max_usd or 0.0)  # refused before anything is queued
+        window = sweep_window(spec)
+        queued = SweepQueue(home.root).enqueue(spec, window)
+        summary = {"sweep": spec.name, "window": window.as_dict()}
+        if not now and window.start > datetime.now(UTC) + timedelta(minutes=1):
+            _sweep_partition(spec.name)
+            summary |= {"status": "QUEUED", "release": "the hourly sweep_window_schedule starts it in the window"}
+        else:
+            base = spec.base_spec.dataset
+            summary |= _run_sweep_now(queued.sweep.name, base.source if base.snapshot_id is None else None)
+    except PlatformError as exc:
+        _fail(exc, as_json)
+    if not as_json:
+        summary.pop("trial_table", None)
+    _emit(summary, as_json)
+    if summary["status"] not in ("SUCCEEDED", "QUEUED"):
+        raise typer.Exit(1)
+
+
+def _sweep_partition(name: str):
+    import dagster as dg
+
+    instance = dg.DagsterInstance.get()
+    instance.add_dynamic_partitions("sweeps", [name])
+    return instance
+
+
+def _run_sweep_now(name: str, snapshot_source: str | None) -> dict[str, Any]:
+    """Materialize the sweep asset in-process: it runs every trial as a training_run partition."""
+    import dagster as dg
+
+    _quiet_libraries()
+    from assets import SWEEP_ASSETS
+    from definitions import defs
+
+    if snapshot_source:
+        _materialize_snapshot(snapshot_source)
+    instance = _sweep_partition(name)
+    result = _run_with_progress(f"sweep {name}", lambda: dg.materialize(
+        SWEEP_ASSETS, partition_key=name, instance=instance, resources=defs.resources, raise_on_error=False,
+        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+    ))
+    if not result.success:
+        return {"status": "FAILED", "error": _failure_message(result), "dagster_run_id": result.run_id}
+    return {**result.asset_value("sweep"), "dagster_run_id": result.run_id}
+
+
+def _doctor_bench(spec_path: Path, home: PlatformHome) -> list:
+    from training_platform.telemetry.commands import bench
+
+    try:
+        spec = load_spec(spec_path)
+    except PlatformError as exc:
+        _fail(exc, False)
+    return bench(spec, spec.checkpoint.store_uri or str(home.checkpoints), home.snapshots, console)
+
+
+def _run_records():
+    """Run records from the Dagster instance merged with each run's telemetry (for status and metrics)."""
+    import dagster as dg
+
+    from sensors.alerts import dagster_run_records
+
+    home = _home()
+    return lambda: dagster_run_records(dg.DagsterInstance.get(), home)
+
+
+@app.command()
+def status(
+    team: Annotated[str | None, typer.Option("--team", help="only this team's runs")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Queued and running runs: estimated wait, progress, utilization, cost so far."""
+    from training_platform.telemetry.commands import show_status
+
+    show_status(_run_records(), team, as_json, console)
+
+
+@app.command()
+def metrics(
+    port: Annotated[int, typer.Option("--port", help="port of the /metrics endpoint")] = 9108,
+    host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
+) -> None:
+    """Serve Prometheus metrics: queue depth, running jobs, utilization and cost per team."""
+    from training_platform.telemetry.commands import serve_metrics
+
+    serve_metrics(_run_records(), port, host, console)
+
+
+@app.command()
+def plan(
+    spec_path: Annotated[Path, typer.Argument(help="YAML spec of the run (see examples/)")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Estimate memory per GPU for a spec and recommend a GPU type and count."""
+    from training_platform.datasets import load_manifest
+    from training_platform.plan import GIB, model_shape, plan_spec
+
+    try:
+        spec = load_spec(spec_path)
+        features = classes = None
+        if spec.dataset.snapshot_id is not None:
+            snapshot = load_manifest(PlatformHome.from_env().snapshots, spec.dataset.snapshot_id)
+            features, classes = snapshot.num_features, snapshot.num_classes
+        result = plan_spec(spec, model_shape(spec, features, classes))
+    except PlatformError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        print(json.dumps(result))
+        return
+    memory = result["per_gpu_bytes"]
+    console.print(
+        f"{result['params']:,} parameters, {result['strategy']} on {result['data_parallel_size']} process(es): "
+        f"{result['per_gpu_gib']:.2f} GiB per GPU (weights {memory['weights'] / GIB:.2f}, gradients "
+        f"{memory['gradients'] / GIB:.2f}, optimizer {memory['optimizer'] / GIB:.2f}, activations "
+        f"{memory['activations'] / GIB:.2f})",
+        highlight=False,
+    )
+    table = Table("gpu", "count", "GiB/GPU", "hours", "usd")
+    for option in result["options"]:
+        usd = "-" if option["usd"] is None else f"{option['usd']:.4g}"
+        hours = f"{option['hours']:.3g}"
+        table.add_row(option["gpu_type"], str(option["count"]), str(option["per_gpu_gib"]), hours, usd)
+    console.print(table)
+    best = result["recommendation"]
+    console.print(f"recommended: {best['count']} x {best['gpu_type']}" if best else "no GPU in the table fits")
+
+
+@app.command()
+def reproduce(
+    run_id: Annotated[str, typer.Argument(help="the run (training_runs partition) to build again")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Re-run a finished run from its lineage key and report "reproduced exactly" or what differs."""
+    try:
+        home = _home()
+        summary = reproduce_run(run_id, home)
+    except PlatformError as exc:
+        _fail(exc, as_json)
+    _emit(summary, as_json)
+    if not as_json:
+        colour = "green" if summary["passed"] else "red"
+        console.print(f"[{colour}]{summary['summary']}[/{colour}]", highlight=False)
+    if not summary["passed"]:
+        raise typer.Exit(1)
+
+
+def reproduce_run(run_id: str, home: PlatformHome) -> dict[str, Any]:
+    record = latest_record(home.run_dir(run_id))
+    if record is None:
+        raise SpecError(
+            f"run {run_id!r} has no finished attempt to reproduce; list runs under {home.runs} "
+            "(materializing an unfinished run continues it instead)"
+        )
+    original = parse_spec(record["spec"], source=f"run {run_id}")
+    try:
+        check_snapshot(original, home)
+    except SpecError as exc:
+        raise SpecError(f"cannot reproduce {run_id}: the original's {exc}") from None
+    result = _run_with_progress(
+        f"reproducing {run_id}",
+        lambda: _materialize(["training_run"], partition_key=run_id),
+        progress_source=home.run_dir(run_id) / LOG_FILE,
+        total=original.training.max_steps,
+    )
+    if not result.success:
+        raise PlatformError(f"reproduction of {run_id} failed: {_failure_message(result)}")
+    (check,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "reproducibility"]
+    figures = {key: value.value for key, value in check.metadata.items()}
+    return {
+        "run_id": run_id,
+        "passed": check.passed,
+        "reproduced_exactly": figures["exact"],
+        "weights_equal": figures["weights_equal"],
+        "differences": figures["differences"],
+        "reasons_not_exact": figures["reasons_not_exact"],
+        "summary": check.description,
+        "dagster_run_id": result.run_id,
+    }
+
+
+RETRAIN_SPEC = PROJECT_ROOT / "examples" / "digits-daily.yaml"
+
+
+@app.command()
+def retrain(
+    first: Annotated[str, typer.Option("--from", help="first day to rebuild (YYYY-MM-DD)")],
+    last: Annotated[str, typer.Option("--to", help="last day to rebuild (YYYY-MM-DD), included")],
+    spec_path: Annotated[Path, typer.Option("--spec", help="spec retrained each day")] = RETRAIN_SPEC,
+    as_json: JsonFlag = False,
+) -> None:
+    """Backfill days: each day's dataset snapshot, then its run `<spec name>-<day>`; promotion only by the gate."""
+    from training_platform.retraining import days_between
+
+    try:
+        home = _home()
+        days = days_between(_day_option(first, "--from"), _day_option(last, "--to"))
+        if not days:
+            raise SpecError(f"--to {last} is before --from {first}; give the first day, then the last")
+        spec = _validated(load_spec(spec_path), home, None)
+        _seed_empty_landing(spec, home, days)
+    except PlatformError as exc:
+        _fail(exc, as_json)
+    results = []
+    for day in days:
+        results.append(_retrain_day(spec, home, day))
+        line = results[-1]
+        console.print(
+            f"{line['day']}  {line['run_id']}  "
+            + (
+                f"model v{line['model_version']}  {'promoted' if line['promoted'] else 'not promoted'}  "
+                f"lineage {line['lineage_key']}  snapshot {line['snapshot_id'][:12]}"
+                + ("  (trained before)" if line["status"] == "EXISTS" else "")
+                if line["status"] != "FAILED"
+                else f"FAILED: {line['error']}"
+            ),
+            highlight=False,
+        )
+    failed = [line["day"] for line in results if line["status"] == "FAILED"]
+    if as_json:
+        print(json.dumps({"status": "FAILED" if failed else "SUCCEEDED", "days": results}, default=str))
+    if failed:
+        raise typer.Exit(1)
+
+
+def _day_option(value: str, option: str):
+    from datetime import date
+
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise SpecError(f"{option} {value!r} is not a day; write it as YYYY-MM-DD") from None
+
+
+def _seed_empty_landing(spec: TrainSpec, home: PlatformHome, days: list) -> None:
+    """A fresh checkout has no drops: split the bundled digits into one drop per day asked for."""
+    from training_platform.datasets.daily import default_landing, is_dated_source, list_drops, seed_landing
+
+    landing = default_landing(home.root)
+    if is_dated_source(spec.dataset.source) and not list_drops(landing):
+        seed_landing(landing, days[0], len(days))
+        console.print(f"seeded {landing} with {len(days)} daily drops of scikit-learn digits", highlight=False)
+
+
+def _retrain_day(spec: TrainSpec, home: PlatformHome, day) -> dict[str, Any]:
+    """One day of a backfill: snapshot as of the day, then the day's run unless it was trained before."""
+    import dagster as dg
+
+    from training_platform.retraining import register_day_run
+
+    run_id = register_day_run(home, spec, day)
+    line: dict[str, Any] = {"day": day.isoformat(), "run_id": run_id}
+    try:
+        _materialize_snapshot(spec.dataset.source, day.isoformat())
+    except PlatformError as exc:
+        return line | {"status": "FAILED", "error": str(exc)}
+    instance = dg.DagsterInstance.get()
+    instance.add_dynamic_partitions("training_runs", [run_id])
+    trained_before = run_id in instance.get_materialized_partitions(dg.AssetKey("training_run"))
+    if not trained_before:
+        result = _run_with_progress(
+            f"training {run_id}",
+            lambda: _materialize(["training_run", "checkpoints", "evaluated_model", "registered_model"], run_id),
+            progress_source=home.run_dir(run_id) / LOG_FILE,
+            total=spec.training.max_steps,
+        )
+        if not result.success:
+            return line | {"status": "FAILED", "error": _failure_message(result), "dagster_run_id": result.run_id}
+    return line | {"status": "EXISTS" if trained_before else "SUCCEEDED"} | _day_models(instance, run_id)
+
+
+def _day_models(instance, run_id: str) -> dict[str, Any]:
+    """The run's model version, gate outcome and lineage key, read back from its materializations."""
+    import dagster as dg
+
+    from training_platform.retraining import lineage_digest
+
+    def metadata(asset: str) -> dict[str, Any]:
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[run_id]), limit=1
+        ).records
+        return {k: v.value for k, v in records[0].asset_materialization.metadata.items()} if records else {}
+
+    trained, registered = metadata("training_run"), metadata("registered_model")
+    lineage = trained.get("lineage") or {}
+    return {
+        "model_name": registered.get("model_name"),
+        "model_version": registered.get("model_version"),
+        "promoted": registered.get("promoted"),
+        "snapshot_id": lineage.get("snapshot_id", ""),
+        "lineage_key": lineage_digest(lineage),
+        "lineage": lineage,
+    }
 
 
 def main() -> None:  # pragma: no cover - console script entry
