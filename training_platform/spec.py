@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +19,7 @@ from training_platform.errors import SpecError
 from training_platform.train.templates import TEMPLATES as MODEL_TEMPLATES
 
 GPU_TYPES = ("T4", "A10G", "L4", "L40S", "A100-40GB", "A100-80GB", "H100", "H200")
-DATASET_SOURCES = ("sklearn_digits", "python_stdlib_text")
+DATASET_SOURCES = ("sklearn_digits", "python_stdlib_text", "digits_daily")  # digits_daily: daily drops
 STRATEGIES = ("ddp", "fsdp", "deepspeed")
 BACKENDS = ("local", "slurm", "k8s")
 
@@ -58,6 +58,9 @@ class DatasetSpec(_Strict):
     )
     snapshot_id: str | None = Field(
         None, description="an existing snapshot id (64 hex characters); overrides building from source"
+    )
+    as_of: date | None = Field(
+        None, description="train on the dataset_snapshot of this day (YYYY-MM-DD); default: the newest day built"
     )
 
     @field_validator("source")
@@ -143,6 +146,20 @@ class CheckpointSpec(_Strict):
         if value.startswith("s3://") and not value[len("s3://") :].split("/")[0]:
             raise ValueError("s3 store URI has no bucket; use s3://bucket/prefix")
         return value
+
+
+class EntrypointSpec(_Strict):
+    """The user's own training code, run under torchrun/srun/Kubernetes exactly like a template."""
+
+    script: str | None = Field(None, description="path to the user's train.py (relative to the spec file)")
+    module: str | None = Field(None, description="a module to run with -m instead of a script, e.g. pkg.train")
+    args: list[str] = Field(default_factory=list, description="arguments passed to the script or module")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> EntrypointSpec:
+        if (self.script is None) == (self.module is None):
+            raise ValueError("set exactly one of entrypoint.script or entrypoint.module")
+        return self
 
 
 class PreemptionPolicy(_Strict):
@@ -232,6 +249,9 @@ class TrainSpec(_Strict):
     model: ModelSpec = Field(default_factory=ModelSpec)
     dataset: DatasetSpec = Field(default_factory=DatasetSpec)
     training: TrainingSpec = Field(default_factory=TrainingSpec)
+    entrypoint: EntrypointSpec | None = Field(
+        None, description="run the user's own script or module instead of the model template's loop"
+    )
     strategy: str = Field("ddp", description=f"distributed strategy, one of {', '.join(STRATEGIES)}")
     deepspeed: DeepSpeedOptions = Field(default_factory=DeepSpeedOptions, description="DeepSpeed ZeRO settings")
     resources: ResourceRequest = Field(default_factory=ResourceRequest)
@@ -280,7 +300,13 @@ def load_spec(path: str | Path) -> TrainSpec:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML ({exc.__class__.__name__}: {exc}); fix the syntax") from None
-    return parse_spec(data, source=str(path))
+    spec = parse_spec(data, source=str(path))
+    script = spec.entrypoint.script if spec.entrypoint else None
+    if script and not Path(script).is_absolute():
+        # Scripts are named relative to the spec that names them, wherever `tp` runs from.
+        resolved = str((path.parent / script).resolve())
+        spec = spec.model_copy(update={"entrypoint": spec.entrypoint.model_copy(update={"script": resolved})})
+    return spec
 
 
 def format_validation_error(exc: ValidationError, model: type[BaseModel], source: str) -> str:

@@ -104,18 +104,23 @@ node_state() { sinfo -h -n "$HOST" -o %T 2>/dev/null | head -n1; }
 
 node_idle() { [[ "$(node_state)" == idle ]]; }
 
+# A running cluster may be busy with jobs: allocated or mixed is as good as idle there.
+node_usable() { [[ "$(node_state)" =~ ^(idle|mixed|allocated|completing)$ ]]; }
+
 up() {
     mkdir -p "$DIR/log"
     install_packages
-    if alive "$DIR/run/slurmctld.pid" && alive "$DIR/run/slurmd.pid" && scontrol ping >/dev/null 2>&1; then
+    if alive "$DIR/run/slurmctld.pid" && alive "$DIR/run/slurmd.pid" && scontrol ping >/dev/null 2>&1 \
+        && node_usable; then
         log "already up (state in $DIR)"
-    else
-        write_config
-        start_munge
-        alive "$DIR/run/slurmctld.pid" || slurmctld -f "$CONF"
-        wait_for "slurmctld up" scontrol ping || die "slurmctld did not answer; see $DIR/log/slurmctld.log"
-        alive "$DIR/run/slurmd.pid" || slurmd -f "$CONF"
+        echo "SLURM_CONF=$CONF"
+        return
     fi
+    write_config
+    start_munge
+    alive "$DIR/run/slurmctld.pid" || slurmctld -f "$CONF"
+    wait_for "slurmctld up" scontrol ping || die "slurmctld did not answer; see $DIR/log/slurmctld.log"
+    alive "$DIR/run/slurmd.pid" || slurmd -f "$CONF"
     if ! wait_for "node $HOST idle" node_idle; then
         # A node left down/drained by an earlier run comes back with an explicit resume.
         scontrol update NodeName="$HOST" State=RESUME >/dev/null 2>&1 || true

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from training_platform.errors import LaunchError, SpecError
+from training_platform.launch.failures import last_exception
 from training_platform.launch.base import (
     PREEMPTED_EXIT_CODE,
     PREEMPTED_MARKER,
@@ -113,7 +114,10 @@ class LocalLauncher:
         # torchrun reports its own exit status, so the worker also leaves a marker file.
         if code == PREEMPTED_EXIT_CODE or (workdir / PREEMPTED_MARKER).is_file():
             return JobStatus(JobState.PREEMPTED, "worker wrote an emergency checkpoint and exited", code)
-        return JobStatus(JobState.FAILED, f"torchrun exited with code {code}; see {workdir / LOG_FILE}", code)
+        log = workdir / LOG_FILE
+        cause = last_exception(log.read_text(errors="replace")) if log.is_file() else None
+        where = f"torchrun exited with code {code}; see {log}"
+        return JobStatus(JobState.FAILED, f"{cause} ({where})" if cause else where, code)
 
     def cancel(self, handle: JobHandle) -> None:
         pid, _ = _parse(handle)

@@ -1,10 +1,15 @@
 """SlurmLauncher: one sbatch job per run, one `srun torchrun` task per node.
 
-The batch script execs into `srun`, so a signal sent to the batch shell (`--signal=B:TERM@grace`
-before the time limit) reaches srun itself, which forwards it to torchrun on every node, which
-forwards it to the workers: they write an emergency checkpoint and exit. Preemption (partition
-priority, PreemptMode=REQUEUE) signals every process of the job the same way, then Slurm requeues
-it and the worker resumes from the newest checkpoint.
+How SIGTERM reaches the workers, and what happens next:
+- preemption (partition priority, PreemptMode=REQUEUE, GraceTime): slurmstepd signals the job
+  step, so torchrun forwards SIGTERM to the workers, which write an emergency checkpoint and
+  exit. Slurm does not requeue a job that ends inside its grace time (it reads FAILED), so the
+  batch script, seeing `PreemptTime` set, requeues the job itself with `scontrol requeue`.
+- time limit (`--signal=B:TERM@grace`): only the batch shell is signalled; it forwards SIGTERM
+  to srun (which forwards it to the tasks) and, once the workers have checkpointed, requeues the
+  job, so a long run continues in a fresh allocation.
+- `scancel`: the job reads COMPLETING, the script does not requeue it.
+Measured on Slurm 22.05 (tests/integration/launch/).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from training_platform.errors import LaunchError
 from training_platform.launch.base import (
     PREEMPTED_EXIT_CODE,
+    PREEMPTED_MARKER,
     JobHandle,
     JobState,
     JobStatus,
@@ -69,9 +75,7 @@ class SlurmLauncher:
         spec = request.spec
         res = spec.resources
         spot_field = "slurm.partition" if spec.slurm.partition else "resources.spot"
-        partition = spec.slurm.partition or (
-            self.config.spot_partition if res.spot else self.config.ondemand_partition
-        )
+        partition = spec.slurm.partition or (self.config.spot_partition if res.spot else self.config.ondemand_partition)
         qos = spec.slurm.qos or self.config.qos_by_priority.get(res.priority)
         gres_type = None
         if res.gpu_type:
@@ -130,7 +134,10 @@ class SlurmLauncher:
     def status(self, handle: JobHandle) -> JobStatus:
         result = self.commands.run(["scontrol", "show", "job", "-o", handle.job_id], check=False)
         if result.returncode == 0 and result.stdout.strip():
-            return status_from_record(parse_scontrol_record(result.stdout.strip().splitlines()[0]))
+            record = parse_scontrol_record(result.stdout.strip().splitlines()[0])
+            # torchrun turns the worker's exit code 75 into 1; the worker's marker file tells.
+            marker = Path(record.get("WorkDir") or "/nonexistent") / PREEMPTED_MARKER
+            return status_from_record(record, preempted_marker=marker.is_file())
         return self._status_from_accounting(handle, result.stderr.strip())
 
     def _status_from_accounting(self, handle: JobHandle, scontrol_error: str) -> JobStatus:
@@ -169,7 +176,7 @@ class SlurmLauncher:
 def render_sbatch(
     request: RunRequest, resources: dict[str, object], config: SlurmConfig, account: str | None = None
 ) -> str:
-    """The batch script: #SBATCH header from the resources, then exec srun torchrun."""
+    """The batch script: #SBATCH header from the resources, srun torchrun, requeue after preemption."""
     run_dir = request.run_dir
     gpus = int(resources["gpus_per_node"])  # type: ignore[call-overload]
     header = [
@@ -181,7 +188,7 @@ def render_sbatch(
         f"--partition={resources['partition']}",
         f"--time={resources['time_limit']}",
         "--requeue",
-        # B: signals the batch shell only; it has exec'd into srun, which forwards to the workers.
+        # B: signals the batch shell only; the script forwards it to the job step.
         f"--signal=B:TERM@{resources['grace_period_seconds']}",
         f"--chdir={run_dir}",
         f"--output={run_dir}/slurm-%j.out",
@@ -223,6 +230,7 @@ def render_sbatch(
         f"rdzv_port=$(({config.rdzv_base_port} + SLURM_JOB_ID % 1000))",
         'echo "tp: job $SLURM_JOB_ID attempt $((${SLURM_RESTART_COUNT:-0} + 1)) on $SLURM_JOB_NODELIST,'
         ' rendezvous $head_node:$rdzv_port"',
+        f"rm -f {PREEMPTED_MARKER}  # left by an earlier attempt; this one writes its own",
         "# Before the time limit Slurm signals only this shell (--signal=B:TERM@grace): forward it to",
         "# the step so each worker writes an emergency checkpoint.",
         "term_received=0",
@@ -235,8 +243,11 @@ def render_sbatch(
         "# On preemption Slurm signals the step, not this shell, and a job that ends inside its grace",
         "# time is not requeued; PreemptTime tells that it was preempted. Requeue it ourselves: the",
         "# workers have checkpointed, the resources free up at once, and the next attempt resumes.",
-        'preempt_time=$(scontrol show job "$SLURM_JOB_ID" | grep -o "PreemptTime=[^ ]*" | cut -d= -f2)',
-        'if [[ $term_received == 1 || ( -n "$preempt_time" && "$preempt_time" != None ) ]]; then',
+        "# A cancelled job (scancel also sends TERM; its state reads COMPLETING) must stay cancelled.",
+        'job_field() { scontrol show job "$SLURM_JOB_ID" | grep -o "$1=[^ ]*" | head -n1 | cut -d= -f2; }',
+        "job_state=$(job_field JobState); preempt_time=$(job_field PreemptTime)",
+        "if [[ $job_state == RUNNING ]] &&"
+        ' [[ $term_received == 1 || ( -n "$preempt_time" && "$preempt_time" != None ) ]]; then',
         '    echo "tp: workers stopped (exit $rc); requeueing job $SLURM_JOB_ID to resume from the checkpoint"',
         '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
         f"    exit {PREEMPTED_EXIT_CODE}",
@@ -247,22 +258,30 @@ def render_sbatch(
 
 
 # scontrol JobState -> our state. Pending and running need the restart count to tell a first
-# attempt from a requeued one; see status_from_record.
+# attempt from a requeued one; see status_from_record. States Slurm comes back from by itself
+# (SIGNALING in a preemption's grace time, SUSPENDED) are not PREEMPTED: callers stop following
+# a PREEMPTED job and resubmit it, while Slurm is about to requeue or resume this one.
 _STATES = {
     "PENDING": JobState.PENDING,
     "CONFIGURING": JobState.RUNNING,
+    "POWER_UP_NODE": JobState.PENDING,
     "RUNNING": JobState.RUNNING,
+    "SIGNALING": JobState.RUNNING,
     "COMPLETING": JobState.RUNNING,
     "STAGE_OUT": JobState.RUNNING,
     "RESIZING": JobState.RUNNING,
-    "SUSPENDED": JobState.PREEMPTED,
+    "SUSPENDED": JobState.PENDING,
+    "STOPPED": JobState.PENDING,
+    "RESV_DEL_HOLD": JobState.PENDING,
     "PREEMPTED": JobState.PREEMPTED,
     "REQUEUED": JobState.REQUEUED,
     "REQUEUE_FED": JobState.REQUEUED,
     "REQUEUE_HOLD": JobState.REQUEUED,
     "COMPLETED": JobState.SUCCEEDED,
     "CANCELLED": JobState.CANCELLED,
+    "REVOKED": JobState.CANCELLED,
     "FAILED": JobState.FAILED,
+    "SPECIAL_EXIT": JobState.FAILED,
     "TIMEOUT": JobState.FAILED,
     "NODE_FAIL": JobState.FAILED,
     "BOOT_FAIL": JobState.FAILED,
@@ -271,16 +290,22 @@ _STATES = {
 }
 
 
-def status_from_record(record: dict[str, str]) -> JobStatus:
-    """Map one `scontrol show job` record (or the same fields from sacct) to a JobStatus."""
+def status_from_record(record: dict[str, str], preempted_marker: bool = False) -> JobStatus:
+    """Map one `scontrol show job` record (or the same fields from sacct) to a JobStatus.
+
+    `preempted_marker`: the worker left its emergency-checkpoint marker in the run directory.
+    """
     raw_state = record.get("JobState", "UNKNOWN").split("+")[0].split()[0]
     reason = record.get("Reason", "None")
     restarts = int(record.get("Restarts", "0") or 0)
     exit_code, _, signal = record.get("ExitCode", "").partition(":")
-    code = int(exit_code) if exit_code.isdigit() else None
     state = _STATES.get(raw_state)
+    # Slurm reports 0:0 before a job ends; an exit code only means something once it has.
+    ended = state is None or state.finished or raw_state in ("PREEMPTED", "COMPLETING")
+    code = int(exit_code) if exit_code.isdigit() and ended else None
     if state is None:
-        return JobStatus(JobState.FAILED, f"unknown Slurm state {raw_state}", code, restarts, restarts)
+        # Keep following a job in a state this table does not know rather than call it failed.
+        return JobStatus(JobState.PENDING, f"Slurm state {raw_state} (not recognised)", code, restarts, restarts)
     why = f"Slurm {raw_state}" + (f" ({reason})" if reason not in ("None", "") else "")
     # Without accounting Slurm keeps no preemption counter; on this platform a requeue happens on
     # preemption (PreemptMode=REQUEUE), so requeues count as preemptions.
@@ -288,11 +313,16 @@ def status_from_record(record: dict[str, str]) -> JobStatus:
     if state is JobState.PENDING and restarts:
         state = JobState.REQUEUED
         why = f"requeued after preemption, attempt {restarts + 1} waiting ({reason})"
+    elif raw_state == "SIGNALING":
+        why = "Slurm is signalling the job (preemption or time limit): the workers write an emergency checkpoint"
+    elif raw_state == "SUSPENDED":
+        why = "suspended by preemption (PreemptMode=SUSPEND); Slurm resumes it"
+        preemptions = restarts + 1
     elif state is JobState.RUNNING and restarts:
         why = f"running attempt {restarts + 1} after {restarts} requeue(s)"
     elif state is JobState.PREEMPTED:
         preemptions = restarts + 1
-    elif state is JobState.FAILED and code == PREEMPTED_EXIT_CODE:
+    elif state is JobState.FAILED and (code == PREEMPTED_EXIT_CODE or preempted_marker):
         state = JobState.PREEMPTED
         why = f"{why}: the worker wrote an emergency checkpoint and stopped; resubmit to resume"
         preemptions = restarts + 1

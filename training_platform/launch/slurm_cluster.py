@@ -160,10 +160,11 @@ class ClusterInfo:
         if gpus:
             most = max((gpus_in_gres(n.gres, gres_type) for n in members), default=0)  # type: ignore[arg-type]
             kind = f" of type {gres_type!r}" if gres_type else ""
+            offers = ", ".join(sorted({n.gres for n in members if n.gres})) or "no GPUs"
             if gpus > most:
                 raise SpecError(
                     f"resources.gpus_per_node: {gpus} GPUs{kind} per node requested but the nodes of partition "
-                    f"{partition!r} have at most {most}; lower resources.gpus_per_node"
+                    f"{partition!r} have at most {most} (they offer: {offers}); lower resources.gpus_per_node"
                     + (" or change resources.gpu_type" if gres_type else "")
                 )
         cpus = int(requirements.get("cpus_per_node", 1))  # type: ignore[call-overload]

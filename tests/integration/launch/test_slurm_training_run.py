@@ -24,7 +24,11 @@ def home(tmp_path_factory) -> Path:
     return root
 
 
-def _request(home: Path, run_id: str, backend: str, spot: bool = False, max_steps: int = 60) -> RunRequest:
+# Long enough for a preemption to land mid-run (a step takes milliseconds here), short enough for CI.
+STEPS = 600
+
+
+def _request(home: Path, run_id: str, backend: str, spot: bool = False) -> RunRequest:
     snapshot = next((home / "snapshots").glob("*.json")).stem
     spec = parse_spec(
         {
@@ -34,8 +38,8 @@ def _request(home: Path, run_id: str, backend: str, spot: bool = False, max_step
             "backend": backend,
             "dataset": {"snapshot_id": snapshot},
             "resources": {"nodes": 1, "procs_per_node": 2, "spot": spot},
-            "training": {"max_steps": max_steps, "batch_size": 16, "eval_every": 20, "log_every": 10},
-            "checkpoint": {"every_steps": 20, "keep_last": 5, "store_uri": str(home / "checkpoints")},
+            "training": {"max_steps": STEPS, "batch_size": 16, "eval_every": 20, "log_every": 10},
+            "checkpoint": {"every_steps": 50, "keep_last": 3, "store_uri": str(home / "checkpoints")},
         }
     )
     return RunRequest(spec=spec, run_id=run_id, run_dir=home / "runs" / run_id, env={"TP_HOME": str(home)})
@@ -57,22 +61,41 @@ def _finish(launcher, handle, request: RunRequest, timeout: float = 300) -> dict
     return json.loads((request.run_dir / "result.json").read_text())
 
 
-def test_slurm_run_matches_local_run(home, slurm_cluster):
+@pytest.fixture(scope="module")
+def local_run(home) -> dict:
+    """The same spec on the local launcher, uninterrupted: the reference for every Slurm run."""
+    return _run(LocalLauncher(visible_gpus=0), _request(home, "on-local", "local"))
+
+
+def test_slurm_run_matches_local_run(home, slurm_cluster, local_run):
     slurm = _run(SlurmLauncher(SlurmConfig(slurm_conf=slurm_cluster.slurm_conf)), _request(home, "on-slurm", "slurm"))
-    local = _run(LocalLauncher(visible_gpus=0), _request(home, "on-local", "local"))
 
-    assert slurm["world_size"] == local["world_size"] == 2
-    assert slurm["final_step"] == local["final_step"] == 60
-    assert [c["step"] for c in slurm["checkpoints"]] == [20, 40, 60]
-    assert slurm["final_weights_sha256"] == local["final_weights_sha256"]
+    assert slurm["world_size"] == local_run["world_size"] == 2
+    assert slurm["final_step"] == local_run["final_step"] == STEPS
+    assert [c["step"] for c in slurm["checkpoints"]] == [STEPS - 100, STEPS - 50, STEPS]
+    assert slurm["final_weights_sha256"] == local_run["final_weights_sha256"]
 
 
-def test_preempted_spot_run_is_requeued_and_resumes_to_the_same_weights(home, slurm_cluster, tmp_path):
+def _start_now(cluster, job_id: str, timeout: float = 60) -> None:
+    """Slurm holds a requeued job back for two minutes (Reason=BeginTime); let it start when it fits.
+    The hold is set once the requeue has completed, so an earlier update would be overwritten."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = cluster.run("scontrol", "show", "job", "-o", job_id).stdout
+        if "JobState=PENDING" in job and "Reason=BeginTime" in job:
+            cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        elif "JobState=PENDING" in job or "JobState=RUNNING" in job:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} was not released: {job}")
+
+
+def test_preempted_spot_run_is_requeued_and_resumes_to_the_same_weights(home, slurm_cluster, local_run, tmp_path):
     """The whole preemption path on real Slurm: an on-demand job needs the CPUs a spot training run
     holds; the run gets SIGTERM, writes an emergency checkpoint, is requeued, resumes, and ends
     bitwise equal to an uninterrupted run."""
     slurm = SlurmLauncher(SlurmConfig(slurm_conf=slurm_cluster.slurm_conf))
-    spot = _request(home, "spot-preempted", "slurm", spot=True, max_steps=1500)
+    spot = _request(home, "spot-preempted", "slurm", spot=True)
     spot.write_spec()
     handle = slurm.submit(slurm.plan(spot))
     deadline = time.monotonic() + 180
@@ -97,14 +120,12 @@ def test_preempted_spot_run_is_requeued_and_resumes_to_the_same_weights(home, sl
         status = slurm.status(handle)
     assert status.preemptions == 1 and status.restarts == 1
     assert probe_launcher.status(probe_handle).state is not JobState.FAILED
-    # Slurm holds a requeued job back for a while (BeginTime); let it start as soon as it fits.
-    slurm_cluster.run("scontrol", "update", f"JobId={handle.job_id}", "StartTime=now")
+    _start_now(slurm_cluster, handle.job_id)
 
     resumed = _finish(slurm, handle, spot)
     log = slurm.logs(handle)
     assert "attempt 2" in log and "resumed from checkpoint" in log, log[-3000:]
     assert slurm.status(handle).restarts == 1
 
-    straight = _run(LocalLauncher(visible_gpus=0), _request(home, "spot-reference", "local", max_steps=1500))
-    assert resumed["final_step"] == straight["final_step"] == 1500
-    assert resumed["final_weights_sha256"] == straight["final_weights_sha256"]
+    assert resumed["final_step"] == STEPS
+    assert resumed["final_weights_sha256"] == local_run["final_weights_sha256"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import kubernetes_validate
@@ -66,11 +67,28 @@ def test_job_is_an_indexed_gang_for_kueue():
     )
     pod = spec["template"]["spec"]
     assert service["spec"]["clusterIP"] == "None" and pod["subdomain"] == service["metadata"]["name"]
-    command = pod["containers"][0]["command"]
+    container = pod["containers"][0]
+    shell, flag, script = container["command"]
+    assert (shell, flag) == ("/bin/sh", "-c")
     name = job_name("gang")
-    assert f"--rdzv-endpoint={name}-0.{name}:29500" in command
-    assert "--nnodes=4" in command and "--nproc-per-node=8" in command
-    assert command[-4:] == ["training_platform.train", "/etc/training-platform/spec.json", "--run-id", "gang"]
+    assert f"--rdzv-endpoint={name}-0.{name}:29500" in script
+    assert "--nnodes=4 --nproc-per-node=8" in script
+    assert script.endswith('-m training_platform.train "$RUN_DIR/spec.json" --run-id gang')
+    # The worker writes next to its spec: it runs from a writable copy, not the ConfigMap mount.
+    assert 'cp /etc/training-platform/spec.json "$RUN_DIR/spec.json" && exec python -m torch.distributed.run' in script
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["RUN_DIR"] == "/data/training-platform/runs/gang" and env["TP_HOME"] == "/data/training-platform"
+    subprocess.run(["sh", "-n", "-c", script], check=True)
+
+
+def test_home_volume_is_a_claim_when_configured():
+    config = KubernetesConfig(home_volume_claim="training-home")
+    plan = KubernetesLauncher(config).plan(_request("pvc", **SPECS["cpu-1-node"]))
+    job = [o for o in yaml.safe_load_all(plan.files["manifests.yaml"]) if o["kind"] == "Job"][0]
+    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["home"] == {"name": "home", "persistentVolumeClaim": {"claimName": "training-home"}}
+    default = _objects("tmp", **SPECS["cpu-1-node"])["Job"]["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "home", "emptyDir": {}} in default
 
 
 def test_gpu_type_spot_and_topology_placement():

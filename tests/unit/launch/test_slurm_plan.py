@@ -131,6 +131,10 @@ def test_scontrol_record_keeps_values_with_spaces():
         ({"JobState": "TIMEOUT", "ExitCode": "0:15"}, JobState.FAILED, 0, 0, 0),
         ({"JobState": "CANCELLED", "ExitCode": "0:15"}, JobState.CANCELLED, 0, 0, 0),
         ({"JobState": "NODE_FAIL"}, JobState.FAILED, 0, 0, None),
+        # Transient states Slurm leaves by itself: the caller must keep following the job.
+        ({"JobState": "SIGNALING"}, JobState.RUNNING, 0, 0, None),
+        ({"JobState": "SUSPENDED"}, JobState.PENDING, 1, 0, None),
+        ({"JobState": "SOMETHING_NEW"}, JobState.PENDING, 0, 0, None),
     ],
 )
 def test_state_mapping(fields, state, preemptions, restarts, exit_code):
