@@ -18,6 +18,13 @@ from training_platform.spec import parse_spec
 )
 def evaluated_model(training_run: dict, checkpoints: dict, platform: PlatformResource) -> dg.Output[dict]:
     spec = parse_spec(training_run["spec"])
+    if spec.entrypoint is not None:
+        code = spec.entrypoint.script or spec.entrypoint.module
+        raise dg.Failure(
+            description=f"run {training_run['run_id']} trained the user's own code ({code}): evaluation loads "
+            "model templates; evaluate inside the script and report the test metrics, or materialize only "
+            "training_run and checkpoints"
+        )
     final = checkpoints["final"]
     manifest = find_checkpoint(checkpoints["store_uri"], checkpoints["checkpoint_key"], final["step"], final["sha256"])
     evaluation, _ = evaluate_checkpoint(spec, platform.paths().snapshots, checkpoints["store_uri"], manifest)

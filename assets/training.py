@@ -33,7 +33,8 @@ class TrainingRunConfig(dg.Config):
     group_name="training",
     kinds={"pytorch"},
     description="One training run: the worker launched by torchrun, Slurm or Kubernetes, followed via Pipes.",
-    deps=["dataset_snapshot"],
+    # Any day may be the input: the run picks its snapshot when it starts (dataset.as_of, else the newest day).
+    deps=[dg.AssetDep("dataset_snapshot", partition_mapping=dg.AllPartitionMapping())],
     check_specs=[
         dg.AssetCheckSpec(
             "reproducibility",
@@ -134,6 +135,7 @@ def training_run(
         "spec": spec.model_dump(mode="json"),
         "lineage": lineage.as_dict(),
         "store_uri": store_uri,
+        "tracking_uri": tracking_uri,
         "environment": environment_lock(),
         "dagster_run_id": context.run_id,
     }

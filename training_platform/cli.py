@@ -187,7 +187,9 @@ def run_pipeline(spec: TrainSpec, home: PlatformHome) -> dict[str, Any]:
         _materialize_snapshot(spec.dataset.source, spec.dataset.as_of and spec.dataset.as_of.isoformat())
     run_id = register_run(home, spec)
     dg.DagsterInstance.get().add_dynamic_partitions("training_runs", [run_id])
-    selection = ["training_run", "checkpoints", "evaluated_model", "registered_model"]
+    # A user's own script trains its own model: the template-based evaluation and registry do not apply.
+    evaluates = spec.entrypoint is None
+    selection = ["training_run", "checkpoints"] + (["evaluated_model", "registered_model"] if evaluates else [])
     result = _run_with_progress(
         f"training {run_id}",
         lambda: _materialize(selection, partition_key=run_id),
@@ -202,9 +204,7 @@ def run_pipeline(spec: TrainSpec, home: PlatformHome) -> dict[str, Any]:
             "dagster_run_id": result.run_id,
         }
     trained = result.asset_value("training_run")
-    evaluated = result.asset_value("evaluated_model")
-    registered = result.asset_value("registered_model")
-    return {
+    summary = {
         "run_id": run_id,
         "status": trained["status"],
         "final_step": trained["final_step"],
@@ -212,13 +212,19 @@ def run_pipeline(spec: TrainSpec, home: PlatformHome) -> dict[str, Any]:
         "checkpoints": trained["checkpoints"],
         "mlflow_run_id": trained["mlflow_run_id"],
         "snapshot_id": trained["snapshot_id"],
-        "test_accuracy": round(evaluated["test_accuracy"], 4),
-        "model_name": registered["model_name"],
-        "model_version": registered["model_version"],
-        "promoted": registered["promoted"],
-        "tracking_uri": registered["tracking_uri"],
+        "tracking_uri": trained["tracking_uri"],
         "dagster_run_id": result.run_id,
     }
+    if evaluates:
+        evaluated = result.asset_value("evaluated_model")
+        registered = result.asset_value("registered_model")
+        summary |= {
+            "test_accuracy": round(evaluated["test_accuracy"], 4),
+            "model_name": registered["model_name"],
+            "model_version": registered["model_version"],
+            "promoted": registered["promoted"],
+        }
+    return summary
 
 
 def _validated(spec: TrainSpec, home: PlatformHome, launcher: str | None) -> TrainSpec:

@@ -57,6 +57,7 @@ class LineageKey:
     environment_lock_hash: str
     seed: int
     backend: str
+    script_sha256: str | None = None  # the user's entrypoint script, when the run has one
 
     @classmethod
     def of(cls, spec: TrainSpec) -> LineageKey:
@@ -69,7 +70,12 @@ class LineageKey:
             environment_lock_hash=environment_lock_hash(),
             seed=spec.training.seed,
             backend=spec.backend,
+            script_sha256=_file_sha256(spec.entrypoint.script) if spec.entrypoint and spec.entrypoint.script else None,
         )
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _file_sha256(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import uuid
 from pathlib import Path
 
@@ -37,6 +38,23 @@ def check_store_writable(store_uri: str) -> None:
         ) from None
 
 
+def check_entrypoint(spec: TrainSpec) -> None:
+    """The user's script must exist (and its module be importable) before anything launches."""
+    entrypoint = spec.entrypoint
+    if entrypoint is None:
+        return
+    if entrypoint.script and not Path(entrypoint.script).is_file():
+        raise SpecError(
+            f"entrypoint.script: {entrypoint.script} does not exist; give a path relative to the spec file"
+        )
+    if entrypoint.module and importlib.util.find_spec(entrypoint.module.split(".")[0]) is None:
+        raise SpecError(
+            f"entrypoint.module: cannot import {entrypoint.module!r}; install its package in the environment "
+            "(pip install -e .) or use entrypoint.script"
+        )
+
+
 def preflight(spec: TrainSpec, home: PlatformHome, store_uri: str) -> None:
     check_snapshot(spec, home)
     check_store_writable(store_uri)
+    check_entrypoint(spec)

@@ -18,6 +18,7 @@ LINEAGE_FIELDS = {
     "spec_hash": "spec",
     "seed": "seed",
     "backend": "backend",
+    "script_sha256": "training script",
 }
 
 

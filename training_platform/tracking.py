@@ -59,7 +59,7 @@ def run_tags(spec: TrainSpec, lineage: LineageKey, dagster_run_id: str, run_id: 
         "training_run": run_id,
         "backend": lineage.backend,
         "mlflow.runName": run_id,
-    }
+    } | ({"script_sha256": lineage.script_sha256} if lineage.script_sha256 else {})
 
 
 def spec_params(spec: TrainSpec) -> dict[str, str]:

@@ -1,11 +1,18 @@
-"""`python -m training_platform.train SPEC --run-id ID`: the worker torchrun/srun/Kubernetes starts."""
+"""`python -m training_platform.train SPEC --run-id ID`: the worker torchrun/srun/Kubernetes starts.
+
+It runs the spec's model template, or the user's own script or module (`entrypoint`), which gets
+the same session through `TrainingSession.start()`: launchers never need to know which it is.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import runpy
+import sys
 
-from training_platform.train.loop import train
-from training_platform.train.session import TrainingSession
+from training_platform.spec import parse_spec
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -13,13 +20,40 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("spec", help="the resolved spec (JSON) the launcher wrote into the run directory")
     parser.add_argument("--run-id", required=True, help="the run (Dagster partition) this process belongs to")
     args = parser.parse_args(argv)
-    session = TrainingSession.start(args.spec, args.run_id)
+    # The user's script finds its spec and run through the environment, as in any launcher.
+    os.environ["TP_SPEC"], os.environ["TP_RUN_ID"] = os.path.abspath(args.spec), args.run_id
+    with open(args.spec) as handle:
+        entrypoint = parse_spec(json.load(handle), source=args.spec).entrypoint
     try:
-        train(session)
+        if entrypoint is None:
+            run_template()
+        elif entrypoint.script:
+            sys.argv = [entrypoint.script, *entrypoint.args]
+            sys.path.insert(0, os.path.dirname(entrypoint.script))
+            runpy.run_path(entrypoint.script, run_name="__main__")
+        else:
+            sys.argv = [entrypoint.module, *entrypoint.args]
+            runpy.run_module(entrypoint.module, run_name="__main__", alter_sys=True)
     except BaseException as exc:
-        if not isinstance(exc, SystemExit):
-            session.reporter.fail(exc)
+        _report_failure(exc)
         raise
+
+
+def run_template() -> None:
+    from training_platform.train.loop import train
+    from training_platform.train.session import TrainingSession
+
+    train(TrainingSession.start())
+
+
+def _report_failure(exc: BaseException) -> None:
+    """Close Dagster Pipes with the exception so the UI shows the user's traceback."""
+    if isinstance(exc, SystemExit) and exc.code in (0, None):
+        return
+    session_module = sys.modules.get("training_platform.train.session")
+    session = session_module.TrainingSession.current if session_module else None
+    if session is not None and not isinstance(exc, SystemExit):
+        session.reporter.fail(exc)
 
 
 if __name__ == "__main__":

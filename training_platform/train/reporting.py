@@ -42,7 +42,7 @@ class Reporter:
             self._pipes.log.info(message)
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
-        if not self.enabled:
+        if not self.enabled or not values:
             return
         self.info(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in values.items()))
         if self._mlflow is not None:
@@ -51,6 +51,21 @@ class Reporter:
             timestamp = _now_ms()
             batch = [Metric(key, float(value), timestamp, step) for key, value in values.items()]
             self._mlflow.log_batch(self.mlflow_run_id, metrics=batch, synchronous=True)
+
+    def metric_series(self, points: list[tuple[str, float, int, int]]) -> None:
+        """Log (key, value, timestamp ms, step) points to MLflow in batches (system metrics, figures)."""
+        if not self.enabled or self._mlflow is None or not points:
+            return
+        from mlflow.entities import Metric
+
+        batch = [Metric(key, float(value), ts, step) for key, value, ts, step in points]
+        for start in range(0, len(batch), 1000):  # MLflow's batch limit
+            self._mlflow.log_batch(self.mlflow_run_id, metrics=batch[start : start + 1000], synchronous=True)
+
+    def artifacts(self, paths: list[Any], artifact_path: str) -> None:
+        if self.enabled and self._mlflow is not None:
+            for path in paths:
+                self._mlflow.log_artifact(self.mlflow_run_id, str(path), artifact_path=artifact_path)
 
     def materialization(self, metadata: dict[str, Any]) -> None:
         if self.enabled and self._pipes is not None:

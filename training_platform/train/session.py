@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -40,6 +40,8 @@ from training_platform.train.weights import weights_sha256
 
 @dataclass
 class TrainingSession:
+    current: ClassVar[TrainingSession | None] = None  # the process's session, for failure reporting
+
     spec: TrainSpec
     run_id: str
     run_dir: Path
@@ -74,6 +76,7 @@ class TrainingSession:
             reporter=Reporter(enabled=info.is_main),
         )
         signal.signal(signal.SIGTERM, session._on_sigterm)
+        TrainingSession.current = session
         session._watch_spot_notices()
         session.telemetry = WorkerTelemetry.start(
             spec, run_id, spec_path.parent, info.rank, info.local_rank, info.local_world_size
@@ -111,6 +114,11 @@ class TrainingSession:
         """Append to the run's event log (main rank only): what the preemption sensor reads."""
         if self.dist.is_main:
             RunEvents(self.run_dir).append(kind, **fields)
+
+    @cached_property
+    def checkpoint_key(self) -> str:
+        """Where this attempt's checkpoints live in the store: the run id, or a reproduction's own key."""
+        return os.environ.get("TP_CHECKPOINT_KEY") or self.run_id
 
     @cached_property
     def store(self) -> CheckpointStore:
@@ -153,9 +161,9 @@ class TrainingSession:
             return
         with self.telemetry.clock.checkpoint():
             manifest, stats = self.store.save(
-                self.run_id, step, {"user": state, "rng": rng_states, "step": step}, metrics
+                self.checkpoint_key, step, {"user": state, "rng": rng_states, "step": step}, metrics
             )
-            self.store.prune(self.run_id, self.spec.checkpoint.keep_last)
+            self.store.prune(self.checkpoint_key, self.spec.checkpoint.keep_last)
         self.checkpoints.append(manifest.summary())
         self._last_model_state = state.get("model")  # a reference, for a pruned trial's weights hash
         self._event("checkpoint", step=step, uri=manifest.uri)
@@ -166,7 +174,7 @@ class TrainingSession:
 
     def restore(self) -> tuple[dict[str, Any], int] | None:
         """The newest verified checkpoint of this run, with this rank's RNG state restored."""
-        restored = self.store.restore_latest(self.run_id)
+        restored = self.store.restore_latest(self.checkpoint_key)
         if restored is None:
             return None
         for step, reason in restored.skipped:
@@ -177,9 +185,27 @@ class TrainingSession:
         self.resumed_from_step = state["step"]
         self.telemetry.start_step = state["step"]
         self._event("resumed", step=state["step"], checkpoint=restored.manifest.uri)
-        self.checkpoints = [m.summary() for m in self.store.list(self.run_id)]
+        self.checkpoints = [m.summary() for m in self.store.list(self.checkpoint_key)]
         self.reporter.info(f"resumed from checkpoint step {state['step']}: {restored.manifest.uri}")
         return state["user"], state["step"]
+
+    def checkpoint_saved(self, manifest: CheckpointManifest, seconds: float = 0.0) -> None:
+        """Bookkeeping after a strategy's own collective save (sharded DCP, DeepSpeed): main rank only."""
+        if not self.dist.is_main:
+            return
+        self.store.prune(self.checkpoint_key, self.spec.checkpoint.keep_last)
+        self.telemetry.clock.checkpoint_s += seconds
+        self.checkpoints.append(manifest.summary())
+        self._event("checkpoint", step=manifest.step, uri=manifest.uri)
+        self.reporter.info(f"checkpoint step {manifest.step} ({manifest.attributes.get('format')}): {manifest.uri}")
+
+    def checkpoint_restored(self, manifest: CheckpointManifest, step: int) -> None:
+        """Bookkeeping after a strategy restored its own checkpoint (RNG already set by the strategy)."""
+        self.resumed_from_step = step
+        self.telemetry.start_step = step
+        self._event("resumed", step=step, checkpoint=manifest.uri)
+        self.checkpoints = [m.summary() for m in self.store.list(self.checkpoint_key)]
+        self.reporter.info(f"resumed from checkpoint step {step}: {manifest.uri}")
 
     # ----- end ----------------------------------------------------------------------------
     def exit_preempted(self, step: int) -> None:
@@ -202,6 +228,7 @@ class TrainingSession:
         telemetry_metadata = self.telemetry.finish_and_report(self.reporter, num_params)
         result = {
             "run_id": self.run_id,
+            "checkpoint_key": self.checkpoint_key,
             "status": "SUCCEEDED",
             "final_step": final_step,
             "final_weights_sha256": weights_sha256(model_state),
@@ -225,7 +252,7 @@ class TrainingSession:
 
     def live_checkpoints(self) -> list[dict]:
         """Checkpoints still in the store (retention may have pruned older ones)."""
-        manifests: list[CheckpointManifest] = self.store.list(self.run_id)
+        manifests: list[CheckpointManifest] = self.store.list(self.checkpoint_key)
         return [m.summary() for m in manifests]
 
 
