@@ -13,9 +13,8 @@ from dataclasses import dataclass, replace
 import dagster as dg
 from pydantic import Field
 
-from training_platform.errors import LaunchError
 from training_platform.launch import JobState, JobStatus, Launcher, RunRequest
-from training_platform.launch.local import LocalLauncher
+from training_platform.launch.registry import launcher_for
 from training_platform.runlog import RunEvents
 
 
@@ -32,11 +31,13 @@ class LauncherResource(dg.ConfigurableResource):
 
     mode: str = Field("local", description="backend used when a spec names none: local, slurm or k8s")
     poll_seconds: float = Field(1.0, gt=0, description="how often the job's status is polled")
+    slurm_conf: str | None = Field(None, description="slurm.conf for the Slurm client commands; default: SLURM_CONF")
+    k8s_approved_images: list[str] = Field(
+        default_factory=list, description="registries/images the Kubernetes launcher may run; default: built-in list"
+    )
 
     def launcher_for(self, backend: str) -> Launcher:
-        if backend == "local":
-            return LocalLauncher()
-        raise LaunchError(f"backend {backend!r} is not available in this build; use backend: local")
+        return launcher_for(backend, slurm_conf=self.slurm_conf, k8s_images=self.k8s_approved_images or None)
 
     def run(self, context: dg.AssetExecutionContext, request: RunRequest, backend: str | None = None) -> LaunchOutcome:
         launcher = self.launcher_for(backend or request.spec.backend or self.mode)

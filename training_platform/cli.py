@@ -28,7 +28,8 @@ from training_platform.cost import check_budget, estimate_run_usd
 from training_platform.cost.commands import cost_app
 from training_platform.errors import PlatformError, SpecError
 from training_platform.launch import RunRequest
-from training_platform.launch.local import LOG_FILE, LocalLauncher
+from training_platform.launch.local import LOG_FILE
+from training_platform.launch.registry import launcher_for
 from training_platform.paths import PlatformHome
 from training_platform.preflight import check_snapshot, preflight
 from training_platform.runs import register_run
@@ -234,8 +235,8 @@ def _validated(spec: TrainSpec, home: PlatformHome, launcher: str | None) -> Tra
         spec = parse_spec({**spec.model_dump(mode="json"), "backend": launcher}, source="--launcher")
     store_uri = spec.checkpoint.store_uri or str(home.checkpoints)
     preflight(spec, home, store_uri)
-    if spec.backend == "local":
-        LocalLauncher().check(RunRequest(spec=spec, run_id="preflight", run_dir=home.runs))
+    launcher = launcher_for(spec.backend)
+    launcher.check(launcher.plan(RunRequest(spec=spec, run_id="preflight", run_dir=home.runs / ".preflight")))
     return spec
 
 
@@ -387,10 +388,17 @@ def _run_sweep_now(name: str, snapshot_source: str | None) -> dict[str, Any]:
     if snapshot_source:
         _materialize_snapshot(snapshot_source)
     instance = _sweep_partition(name)
-    result = _run_with_progress(f"sweep {name}", lambda: dg.materialize(
-        SWEEP_ASSETS, partition_key=name, instance=instance, resources=defs.resources, raise_on_error=False,
-        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-    ))
+    result = _run_with_progress(
+        f"sweep {name}",
+        lambda: dg.materialize(
+            SWEEP_ASSETS,
+            partition_key=name,
+            instance=instance,
+            resources=defs.resources,
+            raise_on_error=False,
+            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+        ),
+    )
     if not result.success:
         return {"status": "FAILED", "error": _failure_message(result), "dagster_run_id": result.run_id}
     return {**result.asset_value("sweep"), "dagster_run_id": result.run_id}
@@ -475,6 +483,33 @@ def plan(
     console.print(table)
     best = result["recommendation"]
     console.print(f"recommended: {best['count']} x {best['gpu_type']}" if best else "no GPU in the table fits")
+
+
+@app.command()
+def render(
+    spec_path: Annotated[Path, typer.Argument(help="YAML spec of the run (see examples/)")],
+    launcher: Annotated[str | None, typer.Option("--launcher", help="local, slurm or k8s (overrides the spec)")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Print the launch plan (command, resources, sbatch script or Kubernetes manifests) without submitting."""
+    try:
+        spec = load_spec(spec_path)
+        if launcher is not None:
+            spec = parse_spec({**spec.model_dump(mode="json"), "backend": launcher}, source="--launcher")
+        home = PlatformHome.from_env()
+        run_id = f"{spec.name}-render"
+        plan = launcher_for(spec.backend).plan(RunRequest(spec=spec, run_id=run_id, run_dir=home.run_dir(run_id)))
+    except PlatformError as exc:
+        _fail(exc, as_json)
+    if as_json:
+        print(
+            json.dumps(
+                {"backend": plan.backend, "command": plan.command, "resources": plan.resources, "files": plan.files},
+                default=str,
+            )
+        )
+    else:
+        print(plan.render())
 
 
 @app.command()
@@ -566,6 +601,7 @@ def retrain(
                 else f"FAILED: {line['error']}"
             ),
             highlight=False,
+            soft_wrap=True,  # one line per day, however narrow the terminal
         )
     failed = [line["day"] for line in results if line["status"] == "FAILED"]
     if as_json:
@@ -590,7 +626,7 @@ def _seed_empty_landing(spec: TrainSpec, home: PlatformHome, days: list) -> None
     landing = default_landing(home.root)
     if is_dated_source(spec.dataset.source) and not list_drops(landing):
         seed_landing(landing, days[0], len(days))
-        console.print(f"seeded {landing} with {len(days)} daily drops of scikit-learn digits", highlight=False)
+        console.print(f"seeded {landing}: scikit-learn digits split into {len(days)} daily drop(s)", highlight=False)
 
 
 def _retrain_day(spec: TrainSpec, home: PlatformHome, day) -> dict[str, Any]:

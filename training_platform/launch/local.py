@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 from training_platform.errors import LaunchError, SpecError
-from training_platform.launch.failures import last_exception
 from training_platform.launch.base import (
     PREEMPTED_EXIT_CODE,
     PREEMPTED_MARKER,
@@ -20,6 +19,7 @@ from training_platform.launch.base import (
     RunRequest,
     python_executable,
 )
+from training_platform.launch.failures import last_exception
 
 EXIT_CODE_FILE = "exit_code"
 LOG_FILE = "worker.log"
@@ -34,21 +34,24 @@ class LocalLauncher:
         self.visible_gpus = _count_gpus() if visible_gpus is None else visible_gpus
         self._procs: dict[str, subprocess.Popen] = {}
 
-    def check(self, request: RunRequest) -> None:
-        resources = request.spec.resources
-        if resources.nodes != 1:
+    def check(self, plan: LaunchPlan) -> None:
+        """Refuse a plan this machine cannot run (the Launcher protocol's pre-submission check)."""
+        self._check(plan.resources["nodes"], plan.resources["gpus_per_node"])
+
+    def _check(self, nodes: int, gpus_per_node: int) -> None:
+        if nodes != 1:
             raise SpecError(
-                f"resources.nodes: the local launcher runs on one machine (got {resources.nodes}); "
+                f"resources.nodes: the local launcher runs on one machine (got {nodes}); "
                 "set nodes: 1 or use --launcher slurm|k8s"
             )
-        if resources.gpus_per_node > self.visible_gpus:
+        if gpus_per_node > self.visible_gpus:
             raise SpecError(
-                f"resources.gpus_per_node: {resources.gpus_per_node} GPU(s) requested but this machine has "
+                f"resources.gpus_per_node: {gpus_per_node} GPU(s) requested but this machine has "
                 f"{self.visible_gpus}; set gpus_per_node: 0 to train on CPU, or use a GPU machine"
             )
 
     def plan(self, request: RunRequest) -> LaunchPlan:
-        self.check(request)
+        self._check(request.spec.resources.nodes, request.spec.resources.gpus_per_node)
         nproc = request.spec.resources.procs_per_node
         command = [
             python_executable(),
