@@ -75,7 +75,7 @@ class TrainingSession:
             dist=info,
             reporter=Reporter(enabled=info.is_main),
         )
-        signal.signal(signal.SIGTERM, session._on_sigterm)
+        session.take_signals()
         TrainingSession.current = session
         session._watch_spot_notices()
         session.telemetry = WorkerTelemetry.start(
@@ -92,6 +92,10 @@ class TrainingSession:
         )
         session._join_sweep()
         return session
+
+    def take_signals(self) -> None:
+        """(Re)install the preemption handler, after a framework installed its own (Lightning does)."""
+        signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._stop_requested = True

@@ -1,0 +1,87 @@
+"""A Lightning script on the platform: an MLP LightningModule on the digits snapshot.
+
+    tp train examples/lightning/spec.yaml
+
+`PlatformCallback` reports metrics to MLflow and Dagster, checkpoints through the platform's store
+and saves-and-stops on a preemption notice. Batches come from a sampler addressed by global step,
+so a resumed run reads exactly what the interrupted one would have.
+"""
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Sampler, TensorDataset
+
+from training_platform.datasets import read_split
+from training_platform.train.adapters.lightning import PlatformCallback
+from training_platform.train.sampler import StepSampler
+from training_platform.train.session import TrainingSession
+
+
+class Classifier(L.LightningModule):
+    def __init__(self, features: int, learning_rate: float):
+        super().__init__()
+        self.learning_rate = learning_rate
+        self.net = nn.Sequential(nn.Linear(features, 64), nn.ReLU(), nn.Linear(64, 10))
+
+    def training_step(self, batch, batch_idx):
+        inputs, labels = batch
+        loss = F.cross_entropy(self.net(inputs), labels)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.learning_rate)
+
+
+class StepBatches(Sampler):
+    """The batches of steps [start, stop): this rank's rows of each global batch."""
+
+    def __init__(self, sampler: StepSampler, start: int, stop: int):
+        self.sampler, self.start, self.stop = sampler, start, stop
+
+    def __iter__(self):
+        return (self.sampler.indices(step).tolist() for step in range(self.start, self.stop))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+def main() -> None:
+    session = TrainingSession.start()
+    spec, cfg = session.spec, session.spec.training
+    features, labels = (
+        torch.from_numpy(a) for a in read_split(session.snapshot_root, spec.dataset.snapshot_id, "train")
+    )
+    torch.manual_seed(cfg.seed)
+    module = Classifier(features.shape[1], cfg.learning_rate)
+
+    callback = PlatformCallback(session, session.run_dir / "lightning")
+    ckpt_path = callback.resume_from()
+    start = session.resumed_from_step or 0
+    sampler = StepSampler(len(labels), cfg.batch_size, session.dist.rank, session.dist.world_size, cfg.seed)
+    loader = DataLoader(TensorDataset(features, labels), batch_sampler=StepBatches(sampler, start, cfg.max_steps))
+    trainer = L.Trainer(
+        max_steps=cfg.max_steps,
+        max_epochs=-1,
+        accelerator="cpu",
+        devices=session.dist.local_world_size,
+        num_nodes=session.spec.resources.nodes,
+        strategy="ddp" if session.dist.world_size > 1 else "auto",
+        callbacks=[callback],
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        use_distributed_sampler=False,
+        deterministic=True,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, loader, ckpt_path=ckpt_path)
+    session.finish(
+        module.state_dict(), trainer.global_step, {"train_loss": float(trainer.callback_metrics["train_loss"])}
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The Hugging Face and Lightning adapters: metrics, checkpoints in the store, exact resume after SIGTERM."""
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.worker import job_pid, launch, train, wait, wait_for_step
+from training_platform.checkpoints import open_store
+from training_platform.datasets import build_snapshot
+from training_platform.launch import JobState
+from training_platform.launch.local import LocalLauncher
+from training_platform.runlog import RunEvents
+from training_platform.spec import load_spec
+
+pytestmark = pytest.mark.integration
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("home")
+    build_snapshot("sklearn_digits", root / "snapshots")
+    return root
+
+
+@pytest.mark.parametrize("framework", ["hf_trainer", "lightning"])
+def test_adapter_reports_checkpoints_and_resumes_exactly(home, framework):
+    snapshot = next((home / "snapshots").glob("*.json")).stem
+    spec = load_spec(EXAMPLES / framework / "spec.yaml").with_snapshot(snapshot)
+    spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"store_uri": str(home / "ck")})})
+    straight = train(home, f"{framework}-straight", spec)
+    assert straight["world_size"] == 2 and straight["final_step"] == 120
+    store = open_store(home / "ck")
+    assert [m.step for m in store.list(f"{framework}-straight")] == [40, 80, 120]
+    progress = [e for e in RunEvents(home / "runs" / f"{framework}-straight").read() if e["kind"] == "progress"]
+    assert len(progress) >= 10  # the framework's logs reached the session
+
+    run_id = f"{framework}-preempted"
+    launcher = LocalLauncher(visible_gpus=0)
+    handle = launch(home, run_id, spec, launcher)
+    wait_for_step(home, run_id, 50)
+    os.killpg(job_pid(handle), signal.SIGTERM)
+    assert wait(launcher, handle).state == JobState.PREEMPTED
+    emergency = max(m.step for m in store.list(run_id))
+    assert emergency >= 50
+
+    resumed = train(home, run_id, spec)
+    assert resumed["resumed_from_step"] == emergency
+    assert resumed["final_weights_sha256"] == straight["final_weights_sha256"]
