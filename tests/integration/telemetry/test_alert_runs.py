@@ -70,8 +70,8 @@ def healthy(home) -> dict:
 
 @pytest.fixture(scope="module")
 def slow_data(home) -> dict:
-    # 100 ms of sleep in every batch fetch: a loader that cannot keep up, a device that waits.
-    return train(home, "slow-data", max_steps=60, every_steps=1000, env={"TP_SLOW_DATA_SECONDS": "0.1"})
+    # 200 ms of sleep in every batch fetch: a loader that cannot keep up, a device that waits.
+    return train(home, "slow-data", max_steps=40, every_steps=1000, env={"TP_SLOW_DATA_SECONDS": "0.2"})
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_slow_data_fires_the_data_wait_alert(home, slow_data):
 def test_a_sleep_heavy_loop_fires_the_utilization_alert(home, slow_data):
     alert = alerts_of(home, "slow-data")["low_utilization"]
     assert alert is not None, slow_data["utilization"]
-    assert alert.value >= THRESHOLDS.utilization_window_s
+    assert alert.value < THRESHOLDS.utilization_min_pct
     assert slow_data["figures"]["utilization_pct"] < 50
 
 
@@ -120,15 +120,16 @@ def test_checkpointing_every_step_fires_the_overhead_alert(home, checkpoint_heav
     alert = alerts_of(home, "checkpoint-heavy")["checkpoint_overhead"]
     assert alert is not None, checkpoint_heavy["figures"]
     assert "checkpoint.every_steps" in alert.look_at
-    # One final checkpoint of a tiny model over a 6 s loop stays under 2%.
+    # One final checkpoint of a tiny model over an 8 s loop stays under 2%.
     assert alerts_of(home, "slow-data")["checkpoint_overhead"] is None, slow_data["figures"]
 
 
-def test_runs_compare_with_their_family_for_cost(home, healthy, slow_data, checkpoint_heavy):
-    records = [load_run_record(PlatformHome(home), r) for r in ("healthy", "slow-data", "checkpoint-heavy")]
-    assert all(r.cost_usd and r.cost_usd > 0 for r in records)
-    slowest = max(records, key=lambda r: r.cost_usd)
-    assert slowest.run_id == "slow-data"
+def test_cost_so_far_follows_the_run_wall_time(home, healthy, slow_data, checkpoint_heavy):
+    for run_id in ("healthy", "slow-data", "checkpoint-heavy"):
+        record = load_run_record(PlatformHome(home), run_id)
+        hours = (record.ended_at - record.started_at) / 3600
+        # One CPU process at the price table's rate: cost = rate x hours (up to the last sample's rounding).
+        assert record.cost_usd == pytest.approx(record.cost_per_hour_usd * hours, rel=0.05, abs=2e-6), run_id
 
 
 def test_telemetry_interval_is_honoured(healthy):

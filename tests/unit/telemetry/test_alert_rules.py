@@ -23,15 +23,26 @@ def samples(values: list[float], every_s: float = 60.0) -> tuple[tuple[float, fl
     return tuple((1000.0 + i * every_s, v) for i, v in enumerate(values))
 
 
-def test_low_utilization_needs_the_whole_window_below_the_floor():
-    idle = RunRecord("idle", device="gpu", utilization=samples([90] + [30] * 11 + [90]))  # 10 min below
+def test_low_utilization_needs_a_whole_window_below_the_floor():
+    idle = RunRecord("idle", device="gpu", utilization=samples([90] + [30] * 11 + [90]))  # 10 min at 30%
     assert (alert := low_utilization(idle, TH)) is not None
-    assert alert.run_id == "idle" and "GPU utilization stayed below 50%" in alert.what
-    assert "utilization plot" in alert.look_at
-    dips = RunRecord("dips", utilization=samples([30, 30, 90] * 8))  # short dips only
-    assert low_utilization(dips, TH) is None
+    assert alert.run_id == "idle" and "GPU utilization averaged 30% over 600 s" in alert.what
+    assert alert.value == 30 and "utilization plot" in alert.look_at
+    short_dip = RunRecord("dip", utilization=samples([90] * 5 + [10] * 5 + [90] * 5))  # only 5 min low
+    assert low_utilization(short_dip, TH) is None
     busy = RunRecord("busy", utilization=samples([95] * 30))
     assert low_utilization(busy, TH) is None
+    too_short = RunRecord("short", utilization=samples([5] * 5))  # the run is shorter than the window
+    assert low_utilization(too_short, TH) is None
+
+
+def test_low_utilization_judges_the_window_mean_not_single_samples():
+    # Bursty but idle on average (steps between long waits): single samples jump above the floor.
+    bursty_idle = RunRecord("bursty", utilization=samples([80, 5, 10, 5] * 6))
+    assert low_utilization(bursty_idle, TH) is not None
+    # Busy on average with short dips (a checkpoint, an eval): quiet.
+    busy_with_dips = RunRecord("dips", utilization=samples([20, 95, 95] * 8))
+    assert low_utilization(busy_with_dips, TH) is None
 
 
 def test_low_utilization_window_is_configurable():

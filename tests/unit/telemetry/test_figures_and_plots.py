@@ -59,8 +59,10 @@ def test_hourly_rate_scales_with_the_request():
 
 
 def _samples(n=20):
-    return [SystemSample(t=100.0 + i, device="cpu", utilization_pct=10.0 * (i % 10), memory_used_mb=50, memory_pct=5)
-            for i in range(n)]
+    return [
+        SystemSample(t=100.0 + i, device="cpu", utilization_pct=10.0 * (i % 10), memory_used_mb=50, memory_pct=5)
+        for i in range(n)
+    ]
 
 
 def test_plots_are_real_pngs(tmp_path):

@@ -15,8 +15,16 @@ ROOT = Path(__file__).resolve().parents[3]
 RECORDS = [
     RunRecord("v1", team="vision", status="QUEUED"),
     RunRecord("v2", team="vision", status="QUEUED"),
-    RunRecord("v3", team="vision", status="RUNNING", utilization=((1.0, 40.0), (2.0, 80.0)), step=50,
-              max_steps=200, cost_usd=0.5, device="gpu"),
+    RunRecord(
+        "v3",
+        team="vision",
+        status="RUNNING",
+        utilization=((1.0, 40.0), (2.0, 80.0)),
+        step=50,
+        max_steps=200,
+        cost_usd=0.5,
+        device="gpu",
+    ),
     RunRecord("n1", team="nlp", status="RUNNING", utilization=((1.0, 60.0),), cost_usd=1.0),
     RunRecord("n0", team="nlp", status="SUCCEEDED", cost_usd=2.0),
     RunRecord("n0", team="nlp", status="FAILED", cost_usd=9.0),  # an older attempt of n0: not counted twice

@@ -1,0 +1,192 @@
+"""What a person sees: `tp demo`, then `dagster dev` on loopback, opened in headless Chromium.
+
+Asserts the asset graph shows the five assets, and that the training_run materialization shows
+cost, utilization, the alert checks and the loss-curve plot (rendered as an image). Screenshots
+go to test-artifacts/ui/ (or $TP_TEST_ARTIFACTS/ui/).
+
+Needs Debian's `chromium` and `chromium-driver`; as root the test installs them with apt-get,
+otherwise (or when that fails) it skips and says why.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[3]
+BIN = Path(sys.executable).parent
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+# Flags for a sandboxed machine with no network but loopback (see the machine notes).
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1600,1100",
+]
+ASSETS = ["dataset_snapshot", "training_run", "checkpoints", "evaluated_model", "registered_model"]
+WAIT_S = 180
+
+
+def _install_chromium() -> str | None:
+    """None when Chromium and its driver are there (installing them as root); else why not."""
+    if Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists():
+        return None
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return "not root or no apt-get: install them with `apt-get install -y chromium chromium-driver`"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"]):
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            return f"`{' '.join(command)}` failed: {proc.stderr.strip()[-500:]}"
+    return None if Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists() else "apt-get ran but no chromium appeared"
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> Path:
+    path = Path(os.environ.get("TP_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "ui"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    problem = _install_chromium()
+    if problem:
+        pytest.skip(f"BROWSER TEST NOT RUN: Debian chromium + chromium-driver unavailable ({problem})")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"]:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> dict:
+    home = tmp_path_factory.mktemp("tp-home")
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI",)}
+    env |= {"TP_HOME": str(home), "DAGSTER_HOME": str(home / "dagster")}
+    proc = subprocess.run(
+        [str(BIN / "tp"), "demo", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"env": env, "summary": json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ui(demo):
+    port = _free_port()
+    log = tempfile.NamedTemporaryFile(prefix="dagster-dev-", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen(
+        [str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml"],
+        cwd=ROOT,
+        env=demo["env"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its webserver, daemon and code server stop with it
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/server_info", timeout=5)
+                break
+            except OSError:
+                assert proc.poll() is None, Path(log.name).read_text()[-3000:]
+                assert time.monotonic() < deadline, Path(log.name).read_text()[-3000:]
+                time.sleep(1)
+        yield url
+    finally:
+        # dagster dev shuts its children down on SIGINT; anything left after that is killed.
+        os.killpg(proc.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=20)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=20)
+
+
+def _open(driver, url: str, must_show: list[str]) -> str:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(url)
+
+    def shown(d) -> str | bool:
+        for skip in d.find_elements(By.XPATH, "//button[normalize-space()='Skip']"):  # the community pop-up
+            skip.click()
+        text = d.find_element(By.TAG_NAME, "body").text
+        return text if all(word in text for word in must_show) else False
+
+    try:
+        return WebDriverWait(driver, WAIT_S, poll_frequency=1).until(shown)
+    except Exception:
+        text = driver.find_element(By.TAG_NAME, "body").text
+        missing = [w for w in must_show if w not in text]
+        pytest.fail(f"{url} never showed {missing}; the page shows:\n{text[:2000]}")
+
+
+def test_asset_graph_shows_the_five_assets(browser, ui, artifacts):
+    _open(browser, f"{ui}/locations/definitions/asset-groups/training", ASSETS)
+    browser.save_screenshot(str(artifacts / "asset_graph.png"))
+    assert (artifacts / "asset_graph.png").stat().st_size > 10_000
+
+
+def test_training_run_shows_cost_utilization_checks_and_the_loss_curve(browser, ui, demo, artifacts):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    run_id = demo["summary"]["run_id"]
+    text = _open(
+        browser,
+        f"{ui}/assets/training_run?partition={run_id}",
+        [run_id, "cost_usd", "utilization_pct", "data_wait_fraction", "loss_curve", "utilization_plot", "cost_plot"],
+    )
+    assert "Latest check results" in text
+    browser.save_screenshot(str(artifacts / "training_run.png"))
+    row = browser.find_element(By.XPATH, "//tr[td[normalize-space()='loss_curve']]")
+    browser.execute_script("arguments[0].scrollIntoView()", row)
+    row.find_element(
+        By.XPATH, ".//a[normalize-space()='[Show Markdown]'] | .//button[normalize-space()='[Show Markdown]']"
+    ).click()
+    image = WebDriverWait(browser, 30).until(
+        lambda d: d.find_elements(By.XPATH, "//img[starts-with(@src, 'data:image/png;base64,')]")
+    )[0]
+    WebDriverWait(browser, 30).until(lambda d: d.execute_script("return arguments[0].naturalWidth", image) > 100)
+    browser.save_screenshot(str(artifacts / "training_run_loss_curve.png"))
+
+
+def test_training_run_checks_list_the_alert_rules(browser, ui, demo, artifacts):
+    _open(
+        browser,
+        f"{ui}/assets/training_run?view=checks",
+        ["low_utilization", "data_wait", "checkpoint_overhead", "cost_outlier", "queue_wait"],
+    )
+    browser.save_screenshot(str(artifacts / "training_run_checks.png"))
