@@ -4,14 +4,17 @@ Lineage reads left to right:
 dataset_snapshot -> training_run -> checkpoints -> evaluated_model -> registered_model
 """
 
+from assets.alerts import ALERT_CHECKS
 from assets.checkpoints import checkpoints
-from assets.datasets import dataset_snapshot, dataset_snapshot_expectations
+from assets.datasets import daily_snapshots, dataset_snapshot
 from assets.models import evaluated_model, registered_model
 from assets.partitions import training_runs
+from assets.sweeps import sweep, sweep_job
 from assets.training import training_run
 
 ALL_ASSETS = [dataset_snapshot, training_run, checkpoints, evaluated_model, registered_model]
-ALL_CHECKS = [dataset_snapshot_expectations]
+ALL_CHECKS = [*ALERT_CHECKS]  # dataset_snapshot's expectations run inside the (daily partitioned) asset
 RUN_ASSETS = [training_run, checkpoints, evaluated_model, registered_model]
+SWEEP_ASSETS = [sweep]  # own partitions (`sweeps`): kept out of ALL_ASSETS, which the CLI materializes by run
 
-__all__ = ["ALL_ASSETS", "ALL_CHECKS", "RUN_ASSETS", "training_runs"]
+__all__ = ["ALL_ASSETS", "ALL_CHECKS", "RUN_ASSETS", "SWEEP_ASSETS", "daily_snapshots", "sweep_job", "training_runs"]

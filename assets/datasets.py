@@ -1,51 +1,142 @@
-"""The dataset snapshot asset and its blocking Great Expectations check."""
+"""The dataset snapshot asset, one partition per day (the data as of that day), and its blocking GX check."""
+
+from datetime import UTC, date, datetime
+from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
 
 from resources.platform import PlatformResource
-from training_platform.datasets import build_snapshot, validate_snapshot
+from training_platform.datasets import validate_snapshot
+from training_platform.datasets.daily import DIGITS_DAILY, build_snapshot_as_of, default_landing
+from training_platform.errors import SpecError
+
+SNAPSHOT_START_DATE = "2026-11-01"
+"""First day a snapshot partition exists for; backfills reach back to here."""
+SNAPSHOT_TIMEZONE = "UTC"
+DAILY_SOURCE = DIGITS_DAILY.name
+"""The source a partition is built from unless the run's config names another (the UI backfills this one)."""
+EXPECTATIONS = "dataset_snapshot_expectations"
+ASSET_KEY = dg.AssetKey("dataset_snapshot")
+
+# end_offset=1: today's partition exists (data as of now, rebuilt as drops land), not only finished days.
+daily_snapshots = dg.DailyPartitionsDefinition(
+    start_date=SNAPSHOT_START_DATE, timezone=SNAPSHOT_TIMEZONE, end_offset=1
+)
 
 
 class SnapshotConfig(dg.Config):
-    source: str = Field("sklearn_digits", description="registered data source to snapshot")
+    source: str = Field(
+        DAILY_SOURCE,
+        description="data source: a dated one (digits_daily) holds every landing drop dated on or before the "
+        "partition's day; an un-dated one (sklearn_digits) is the same snapshot every day",
+    )
+    landing_dir: str | None = Field(None, description="landing directory of daily drops; default $TP_HOME/landing")
 
 
-@dg.asset(group_name="training", kinds={"parquet"}, description="Immutable, content-addressed dataset snapshot.")
+def today_partition() -> str:
+    """Today's partition key in the partitions' timezone (UTC)."""
+    return datetime.now(UTC).date().isoformat()
+
+
+def landing_for(platform: PlatformResource, landing_dir: str | None = None) -> Path:
+    return Path(landing_dir).expanduser() if landing_dir else default_landing(platform.paths().root)
+
+
+def snapshot_run_config(source: str, landing_dir: str | None = None) -> dict:
+    """Run config that builds `source` (for sensors, schedules and the CLI)."""
+    config = {"source": source} | ({"landing_dir": landing_dir} if landing_dir else {})
+    return {"ops": {"dataset_snapshot": {"config": config}}}
+
+
+@dg.asset(
+    partitions_def=daily_snapshots,
+    group_name="training",
+    kinds={"parquet"},
+    description="Immutable, content-addressed dataset snapshot of the data as of the partition's day.",
+    # The check runs inside the asset: a standalone asset check loads every partition's value at once.
+    check_specs=[
+        dg.AssetCheckSpec(
+            EXPECTATIONS,
+            asset="dataset_snapshot",
+            blocking=True,
+            description="Great Expectations suite: schema, value ranges, no nulls, class balance, disjoint splits.",
+        )
+    ],
+)
 def dataset_snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig, platform: PlatformResource):
     root = platform.paths().snapshots
-    manifest = build_snapshot(config.source, root)
-    context.log.info(f"snapshot {manifest.snapshot_id} from {config.source}: {manifest.rows}")
-    summary = manifest.summary()
+    day = date.fromisoformat(context.partition_key)
+    built = build_snapshot_as_of(config.source, root, as_of=day, landing=landing_for(platform, config.landing_dir))
+    manifest = built.manifest
+    context.log.info(
+        f"snapshot {manifest.snapshot_id} of {config.source} as of {day}: {manifest.rows}, {len(built.drops)} drops"
+    )
+    report = validate_snapshot(root, manifest.snapshot_id)
+    summary = manifest.summary() | {"day": day.isoformat(), "drops": [d.as_dict() for d in built.drops]}
     metadata = {
         "snapshot_id": manifest.snapshot_id,
+        "day": day.isoformat(),
         "source": manifest.source,
         "source_sha256": manifest.source_sha256,
         "rows": dg.MetadataValue.json(summary["rows"]),
+        "drops_included": len(built.drops),
+        "drops": dg.MetadataValue.json(summary["drops"]),
         "shards": summary["shards"],
         "bytes": summary["bytes"],
+        # Read by the snapshot resolver: a snapshot that failed its suite never feeds training.
+        "expectations_passed": report.success,
         "manifest": dg.MetadataValue.path(str(root / f"{manifest.snapshot_id}.json")),
         "schema": dg.MetadataValue.table_schema(
             dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in manifest.schema.items()])
         ),
     }
-    return dg.Output(summary, metadata=metadata, data_version=dg.DataVersion(manifest.snapshot_id))
-
-
-@dg.asset_check(
-    asset=dataset_snapshot,
-    blocking=True,
-    description="Great Expectations suite: schema, value ranges, no nulls, class balance, disjoint splits.",
-)
-def dataset_snapshot_expectations(platform: PlatformResource, dataset_snapshot: dict) -> dg.AssetCheckResult:
-    report = validate_snapshot(platform.paths().snapshots, dataset_snapshot["snapshot_id"])
-    return dg.AssetCheckResult(
+    yield dg.Output(summary, metadata=metadata, data_version=dg.DataVersion(manifest.snapshot_id))
+    yield dg.AssetCheckResult(
+        check_name=EXPECTATIONS,
         passed=report.success,
         severity=dg.AssetCheckSeverity.ERROR,
         description=report.summary(),
         metadata={
-            "snapshot_id": dataset_snapshot["snapshot_id"],
+            "snapshot_id": manifest.snapshot_id,
+            "day": day.isoformat(),
             "expectations": len(report.results),
             "failed": dg.MetadataValue.json(report.to_dict()["results"] if not report.success else []),
         },
     )
+
+
+def resolve_snapshot_id(instance: dg.DagsterInstance, source: str | None, as_of: date | None) -> str:
+    """The snapshot id a run trains on: the day `as_of` (else the newest day built) of `source`.
+
+    Only the newest materialization of a day whose source matches counts, and it must have passed its
+    expectations: a demo built from sklearn_digits today does not feed a digits_daily run.
+    """
+    days = [as_of.isoformat()] if as_of else sorted(instance.get_materialized_partitions(ASSET_KEY), reverse=True)
+    for day in days:
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=ASSET_KEY, asset_partitions=[day]), limit=50
+        ).records
+        for record in records:
+            metadata = record.asset_materialization.metadata
+            if source is not None and "source" in metadata and metadata["source"].value != source:
+                continue
+            if "expectations_passed" in metadata and not metadata["expectations_passed"].value:
+                raise SpecError(
+                    f"dataset: the {day} snapshot {metadata['snapshot_id'].value} failed its expectations; "
+                    "fix the drop and rebuild that dataset_snapshot partition"
+                )
+            return str(metadata["snapshot_id"].value)
+    if as_of is not None:
+        raise SpecError(
+            f"dataset.as_of: no dataset_snapshot of {source or 'any source'} for {as_of} yet; materialize that "
+            f"partition first (tp retrain does) or pick a built day"
+        )
+    # Snapshots built before the asset was partitioned by day.
+    event = instance.get_latest_materialization_event(ASSET_KEY)
+    if event is None or event.asset_materialization is None or event.asset_materialization.partition:
+        raise SpecError(
+            f"dataset: no dataset_snapshot of {source or 'any source'} has been materialized yet; materialize it "
+            "first (tp train does) or set dataset.snapshot_id"
+        )
+    return str(event.asset_materialization.metadata["snapshot_id"].value)

@@ -1,10 +1,12 @@
 """Sensors and schedules: preemption, run status, new data, retraining, sweeps."""
 
+from sensors.new_data import new_data_sensor
 from sensors.preemption import preemption_sensor
+from sensors.retraining import nightly_retraining, retraining_sensor
 from sensors.run_status import training_failure_sensor
 from sensors.sweep_windows import sweep_window_schedule
 
-ALL_SENSORS = [preemption_sensor, training_failure_sensor]
-ALL_SCHEDULES = [sweep_window_schedule]
+ALL_SENSORS = [preemption_sensor, training_failure_sensor, new_data_sensor, retraining_sensor]
+ALL_SCHEDULES = [sweep_window_schedule, nightly_retraining]
 
 __all__ = ["ALL_SCHEDULES", "ALL_SENSORS"]

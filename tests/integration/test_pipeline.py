@@ -133,5 +133,8 @@ def test_definitions_load():
     from definitions import defs
 
     dg.Definitions.validate_loadable(defs)
-    keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
-    assert keys == {"dataset_snapshot", "training_run", "checkpoints", "evaluated_model", "registered_model"}
+    graph = defs.resolve_asset_graph()
+    chain = ["dataset_snapshot", "training_run", "checkpoints", "evaluated_model", "registered_model"]
+    assert set(chain) <= {key.to_user_string() for key in graph.get_all_asset_keys()}
+    for upstream, downstream in zip(chain, chain[1:], strict=False):  # the lineage reads left to right
+        assert dg.AssetKey(upstream) in graph.get(dg.AssetKey(downstream)).parent_keys

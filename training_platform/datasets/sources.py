@@ -86,3 +86,22 @@ def sklearn_digits() -> RawSource:
         feature_max=16,
         feature_prefix="pixel",
     )
+
+
+@register_source("python_stdlib_text")
+def python_stdlib_text() -> RawSource:
+    """1 MiB of the standard library's own source as 129-token windows of a character tokenizer."""
+    from training_platform.datasets.text import WINDOW, CharTokenizer, stdlib_corpus, token_windows
+
+    text = stdlib_corpus()
+    tokenizer = CharTokenizer.learn(text)
+    windows, following = token_windows(text, tokenizer, WINDOW)
+    return RawSource(
+        name="python_stdlib_text",
+        features=windows,
+        labels=following,
+        num_classes=tokenizer.vocab_size,
+        feature_min=0,
+        feature_max=tokenizer.vocab_size - 1,
+        feature_prefix="tok",
+    )
