@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import dagster as dg
 from pydantic import Field
 
+from resources.pipes_reader import PipesJsonLinesReader
 from training_platform.launch import JobState, JobStatus, Launcher, RunRequest
 from training_platform.launch.registry import launcher_for
 from training_platform.runlog import RunEvents
@@ -46,7 +47,7 @@ class LauncherResource(dg.ConfigurableResource):
         with dg.open_pipes_session(
             context=context,
             context_injector=dg.PipesEnvContextInjector(),
-            message_reader=dg.PipesFileMessageReader(str(messages)),
+            message_reader=PipesJsonLinesReader(messages),
         ) as session:
             request = replace(request, env={**request.env, **session.get_bootstrap_env_vars()})
             plan = launcher.plan(request)

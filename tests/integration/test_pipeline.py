@@ -67,6 +67,7 @@ def test_dagster_records_every_asset_with_lineage(demo, tp_home):
             lineage = run.metadata["lineage"].value
             assert lineage["snapshot_id"] == demo["snapshot_id"]
             assert run.metadata["final_weights_sha256"].value == demo["final_weights_sha256"]
+            assert run.metadata["world_size"].value == 2  # reported by the worker itself, through Pipes
     finally:
         del os.environ["DAGSTER_HOME"]
 

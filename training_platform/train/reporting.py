@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 log = logging.getLogger("training_platform.worker")
+PIPES_CONTEXT_ENV_VAR = "DAGSTER_PIPES_CONTEXT"  # dagster_pipes.DAGSTER_PIPES_CONTEXT_ENV_VAR
 
 
 class Reporter:
@@ -25,9 +26,10 @@ class Reporter:
         if not enabled:
             return
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-        from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, open_dagster_pipes
+        # Checked before importing: a worker started outside Dagster needs no dagster-pipes.
+        if os.environ.get(PIPES_CONTEXT_ENV_VAR):
+            from dagster_pipes import open_dagster_pipes
 
-        if os.environ.get(DAGSTER_PIPES_CONTEXT_ENV_VAR):
             self._pipes = self._stack.enter_context(open_dagster_pipes())
         if self.mlflow_run_id:
             from mlflow.tracking import MlflowClient
