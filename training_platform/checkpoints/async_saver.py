@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import torch
 
+from training_platform.checkpoints.layout import manifest_key
 from training_platform.checkpoints.manifest import CheckpointManifest
 from training_platform.checkpoints.serialization import dtype_name, flatten_state
 from training_platform.checkpoints.store import CheckpointStore
@@ -62,8 +63,19 @@ class _StagingBuffer:
         # MAP_POPULATE faults every page in now, so the first snapshot runs at memcpy speed.
         self.map = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
         self.tensor = torch.frombuffer(self.map, dtype=torch.uint8)
+        self.pinned = False
+
+    def pin(self) -> None:
+        """Page-lock the buffer for CUDA, so GPU tensors are copied at full PCIe speed, asynchronously."""
+        if not self.pinned:
+            code = torch.cuda.cudart().cudaHostRegister(self.tensor.data_ptr(), self.size, 0)
+            self.pinned = int(code) == 0
+            if not self.pinned:
+                log.warning("could not pin the checkpoint staging buffer (CUDA error %s); copies are slower", code)
 
     def close(self) -> None:
+        if self.pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
         del self.tensor
         with contextlib.suppress(BufferError):  # a view is still alive; freed with it
             self.map.close()
@@ -71,21 +83,30 @@ class _StagingBuffer:
 
 
 class AsyncCheckpointer:
-    """Checkpoint a training state in the background; `save_async` returns after the snapshot."""
+    """Checkpoint a training state in the background; `save_async` returns after the snapshot.
+
+    `priority` is the writer's CPU priority while the training loop runs: "idle" (SCHED_IDLE:
+    it uses only CPU time the loop leaves unused, so steps do not slow down; the default),
+    "low" (nice 10) or "normal". Whenever the caller blocks on a save (`wait()`, `close()`, or
+    a new save under the "wait" policy) the writer is raised to normal priority, so a busy
+    loop can never starve a save it is waiting for.
+    """
 
     def __init__(
         self,
         store: CheckpointStore,
         *,
         policy: Literal["wait", "skip"] = "wait",
-        niceness: int = 10,
+        priority: Literal["idle", "low", "normal"] = "idle",
         start_timeout: float = 60.0,
     ):
         if policy not in ("wait", "skip"):
             raise ValueError(f"policy must be 'wait' or 'skip', got {policy!r}")
+        if priority not in ("idle", "low", "normal"):
+            raise ValueError(f"priority must be 'idle', 'low' or 'normal', got {priority!r}")
         self.store = store
         self.policy = policy
-        self.niceness = niceness
+        self.priority = priority
         self.start_timeout = start_timeout
         self.results: list[SaveResult] = []
         self._staging: _StagingBuffer | None = None
@@ -96,7 +117,11 @@ class AsyncCheckpointer:
 
     # ----- public API ------------------------------------------------------------------------
     def save_async(self, run_id: str, step: int, state: Any, metrics: dict[str, float] | None = None) -> None:
-        """Snapshot `state` into the staging buffer and hand it to the writer; never raises a save error."""
+        """Snapshot `state` into the staging buffer and hand it to the writer.
+
+        Raises only for the caller's own bugs (an invalid run id, an unsupported type in the
+        state); a failed save is reported through `last_error` / `wait()`.
+        """
         started = time.perf_counter()
         if self._pending is not None:
             self._collect(block=self.policy == "wait")
@@ -104,9 +129,10 @@ class AsyncCheckpointer:
                 self.results.append(SaveResult(run_id, step, skipped=True, error="previous save still running"))
                 log.info("checkpoint step %d skipped: step %d is still being written", step, self._pending.step)
                 return
+        manifest_key(run_id, step)  # a bad run id is the caller's bug: raise it here, now
+        skeleton, tensors = flatten_state(state, to_cpu=False)  # so is an unsupported type
         try:
             self._ensure_writer()
-            skeleton, tensors = flatten_state(state)
             layout = self._snapshot(tensors)
         except Exception as exc:
             self._record(SaveResult(run_id, step, error=f"snapshot failed: {exc}"))
@@ -125,13 +151,14 @@ class AsyncCheckpointer:
         self._pending = SaveResult(run_id, step, stall_seconds=stall)
         self._pending_since = time.monotonic()
         try:
+            self._set_writer_priority(self.priority)
             self._conn.send(request)
         except OSError:
             self._collect(block=True)  # the writer is gone: record why, restart on the next save
 
     def reserve(self, state: Any) -> None:
         """Allocate the staging buffer for a state this size now, before training starts."""
-        _, tensors = flatten_state(state)
+        _, tensors = flatten_state(state, to_cpu=False)
         self._ensure_buffer(sum(_aligned(t.numel() * t.element_size()) for t in tensors))
         self._ensure_writer()
 
@@ -182,14 +209,18 @@ class AsyncCheckpointer:
         self._ensure_buffer(sum(_aligned(s) for s in sizes))
         layout, offset = [], 0
         staging = self._staging.tensor
+        on_gpu = any(t.is_cuda for t in tensors)
+        if on_gpu:
+            self._staging.pin()
         for tensor, size in zip(tensors, sizes, strict=True):
             if size:
-                source = tensor.detach().reshape(-1).view(torch.uint8) if tensor.is_contiguous() else None
-                if source is None:
-                    source = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-                staging[offset : offset + size].copy_(source)
+                source = tensor.contiguous().reshape(-1).view(torch.uint8)
+                # Device-to-host copies into pinned memory run asynchronously; one sync below.
+                staging[offset : offset + size].copy_(source, non_blocking=tensor.is_cuda)
             layout.append((offset, size, dtype_name(tensor.dtype), list(tensor.shape)))
             offset += _aligned(size)
+        if on_gpu:
+            torch.cuda.synchronize()
         return layout
 
     def _ensure_buffer(self, size: int) -> None:
@@ -219,7 +250,6 @@ class AsyncCheckpointer:
             {
                 "storage": self.store.storage,
                 "lease_settle_seconds": self.store.lease_settle_seconds,
-                "niceness": self.niceness,
             }
         )
         if not self._conn.poll(self.start_timeout):
@@ -237,10 +267,30 @@ class AsyncCheckpointer:
             self._process.wait()
             self._process = None
 
+    def _set_writer_priority(self, priority: str) -> None:
+        """Set the CPU priority of every writer thread (new threads inherit the main thread's).
+
+        The trainer does this, not the writer, so a raise while waiting can never be undone by
+        a lowering that arrives late.
+        """
+        if self._process is None or not hasattr(os, "SCHED_IDLE"):
+            return
+        try:
+            threads = [int(tid) for tid in os.listdir(f"/proc/{self._process.pid}/task")]
+        except OSError:
+            return
+        policy = os.SCHED_IDLE if priority == "idle" else os.SCHED_OTHER
+        for tid in threads:
+            with contextlib.suppress(OSError):  # a thread that just ended, or not permitted
+                os.sched_setscheduler(tid, policy, os.sched_param(0))
+                os.setpriority(os.PRIO_PROCESS, tid, 10 if priority == "low" else 0)
+
     def _collect(self, block: bool, timeout: float | None = None) -> None:
         """Take the writer's answer for the in-flight save, if there is one (waiting when `block`)."""
         if self._pending is None:
             return
+        if block and self.priority != "normal":
+            self._set_writer_priority("normal")  # the caller waits on it now
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:

@@ -104,3 +104,16 @@ class CheckpointManifest(BaseModel):
             "background_seconds": round(self.save.background_seconds, 4),
             "tier": self.tier,
         }
+
+
+def run_checkpoint_summary(manifests: list[CheckpointManifest], training_seconds: float) -> dict:
+    """Per-run figures for the `checkpoints` asset: overhead is stall time over training time."""
+    stall = sum(m.save.stall_seconds for m in manifests)
+    return {
+        "checkpoints": len(manifests),
+        "bytes_written": sum(m.save.bytes_written for m in manifests),
+        "bytes_deduplicated": sum(m.save.bytes_deduplicated for m in manifests),
+        "stall_seconds": round(stall, 4),
+        "background_seconds": round(sum(m.save.background_seconds for m in manifests), 4),
+        "checkpoint_overhead_fraction": round(stall / training_seconds, 6) if training_seconds > 0 else None,
+    }

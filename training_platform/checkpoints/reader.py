@@ -7,6 +7,7 @@ small tensors are sliced out of their verified pack.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,7 +19,7 @@ from training_platform.checkpoints.serialization import dtype_from_name, tensor_
 from training_platform.checkpoints.storage import Storage
 from training_platform.errors import CheckpointError
 
-READ_WORKERS = 4
+READ_WORKERS = max(4, min(16, os.cpu_count() or 4))
 
 
 class ChunkReader:

@@ -3,8 +3,9 @@
 Retention removes manifests only; chunks go when GC finds no manifest, pin or lease that
 references them. GC is safe while saves run:
 
-- a chunk younger than the grace period is never deleted (a save writes its new chunks
-  before its manifest, so they are young until the manifest makes them referenced);
+- a chunk younger than the grace period is never deleted; a save writes its new chunks and
+  then its lease or manifest, so the grace must outlast a save's chunk phase plus a second
+  (the default is an hour);
 - a save that reused existing chunks lists them in a lease, waits LEASE_SETTLE_SECONDS,
   re-checks them (rewriting any that vanished), writes its manifest, then drops the lease;
 - GC reads leases, then manifests, and deletes only within GC_DELETE_WINDOW_SECONDS of that
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 GC_DELETE_WINDOW_SECONDS = MIN_SETTLE_SECONDS * 0.6
 STALE_LEASE_SECONDS = 24 * 3600.0
+STALE_TEMPORARY_SECONDS = 3600.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +76,7 @@ class GcReport:
     kept_chunks: int = 0
     young_chunks: int = 0
     deleted: list[str] = field(default_factory=list)
+    postponed_chunks: int = 0
 
     def merged(self, other: GcReport) -> GcReport:
         return GcReport(
@@ -82,6 +85,7 @@ class GcReport:
             self.kept_chunks + other.kept_chunks,
             self.young_chunks + other.young_chunks,
             self.deleted + other.deleted,
+            self.postponed_chunks + other.postponed_chunks,
         )
 
 
@@ -139,9 +143,12 @@ def collect_garbage(storage: Storage, grace_seconds: float = 3600.0) -> GcReport
             report.young_chunks += 1
         else:
             candidates.append((digest, info.size))
-    while candidates:
+    idle_rounds = 0
+    while candidates and idle_rounds < 3:
         leases_read_at = time.monotonic()
         protected = _leased(storage) | references.refresh()
+        # Re-reading took longer than the window (a slow store): nothing may be deleted this round.
+        idle_rounds = idle_rounds + 1 if time.monotonic() - leases_read_at >= GC_DELETE_WINDOW_SECONDS else 0
         while candidates and time.monotonic() - leases_read_at < GC_DELETE_WINDOW_SECONDS:
             digest, size = candidates.pop()
             if digest in protected:
@@ -151,7 +158,16 @@ def collect_garbage(storage: Storage, grace_seconds: float = 3600.0) -> GcReport
             report.deleted_chunks += 1
             report.deleted_bytes += size
             report.deleted.append(digest)
+    if candidates:
+        report.postponed_chunks = len(candidates)
+        log.warning(
+            "GC of %s postponed %d chunks: listing leases and manifests is slower than %.2f s",
+            storage.uri,
+            len(candidates),
+            GC_DELETE_WINDOW_SECONDS,
+        )
     if hasattr(storage, "remove_stale_temporaries"):
-        storage.remove_stale_temporaries(grace_seconds)
+        # Not the chunk grace: a temporary may belong to a put in progress right now.
+        storage.remove_stale_temporaries(STALE_TEMPORARY_SECONDS)
     log.info("GC of %s: deleted %d chunks (%d bytes)", storage.uri, report.deleted_chunks, report.deleted_bytes)
     return report

@@ -18,13 +18,17 @@ _TENSOR = "__tp_tensor__"
 _NDARRAY = "__tp_ndarray__"
 
 
-def flatten_state(state: Any) -> tuple[bytes, list[torch.Tensor]]:
-    """Return (skeleton bytes, tensors) where the skeleton refers to tensors by index."""
+def flatten_state(state: Any, *, to_cpu: bool = True) -> tuple[bytes, list[torch.Tensor]]:
+    """Return (skeleton bytes, tensors) where the skeleton refers to tensors by index.
+
+    `to_cpu=False` leaves accelerator tensors where they are, for a caller that copies them
+    into its own (pinned) buffer in one step.
+    """
     tensors: list[torch.Tensor] = []
 
     def walk(node: Any) -> Any:
         if isinstance(node, torch.Tensor):
-            tensors.append(node.detach().cpu())
+            tensors.append(node.detach().cpu() if to_cpu else node.detach())
             return {_TENSOR: len(tensors) - 1}
         if isinstance(node, np.ndarray):
             tensors.append(torch.from_numpy(np.ascontiguousarray(node)))

@@ -26,7 +26,7 @@ from training_platform.errors import CheckpointError
 
 
 def _distributed(group) -> bool:
-    return dist.is_available() and dist.is_initialized() and (group is not None or dist.get_world_size() > 0)
+    return dist.is_available() and dist.is_initialized()
 
 
 def _rank(group) -> int:
@@ -60,9 +60,7 @@ def save_sharded(
         files = {str(p.relative_to(staging)): p for p in sorted(staging.rglob("*")) if p.is_file()}
         written = write_chunks(store.storage, files=files)
         digests = {ref.sha256 for ref in written.files.values() for ref in ref.chunks}
-        lease = protect_reused(
-            store.storage, run_id, step, digests, written.stats, store.lease_settle_seconds
-        )
+        lease = protect_reused(store.storage, run_id, step, digests, written.stats, store.lease_settle_seconds)
         parts = _gather(
             {
                 "files": {name: ref.model_dump() for name, ref in written.files.items()},
@@ -97,7 +95,7 @@ def save_sharded(
                 ),
                 [p["lease"] for p in parts],
             )
-            manifest = store._located(manifest, "hot")
+            manifest = store.located(manifest, "hot")
         # No rank returns before the checkpoint is visible: the caller may prune or exit next.
         return _broadcast(manifest, process_group)
     finally:

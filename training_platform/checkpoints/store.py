@@ -87,7 +87,7 @@ class CheckpointStore:
             stall_seconds=stall_seconds,
             lease_settle_seconds=self.lease_settle_seconds,
         )
-        return self._located(manifest, "hot"), stats
+        return self.located(manifest, "hot"), stats
 
     def save_files(
         self,
@@ -109,23 +109,31 @@ class CheckpointStore:
             attributes=attributes,
             lease_settle_seconds=self.lease_settle_seconds,
         )
-        return self._located(manifest, "hot"), stats
+        return self.located(manifest, "hot"), stats
 
     # ----- reading -------------------------------------------------------------------------
     def list(self, run_id: str) -> list[CheckpointManifest]:
         """Manifests of the run that parse, oldest first, from every tier (not yet hash-verified)."""
+        return self._scan(run_id)[0]
+
+    def _scan(self, run_id: str) -> tuple[list[CheckpointManifest], dict[int, str]]:
         found: dict[int, CheckpointManifest] = {}
+        unreadable: dict[int, str] = {}
         for tier_name, tier in self._tiers_coldest_first():
             for key in tier.list(run_prefix(run_id)):
-                if step_of_manifest_key(key) is None:
+                step = step_of_manifest_key(key)
+                if step is None:
                     continue
                 try:
                     manifest = CheckpointManifest.model_validate_json(tier.get(key))
                 except (ValueError, OSError) as exc:
-                    log.warning("ignoring unreadable checkpoint manifest %s/%s: %s", tier.uri, key, exc)
+                    reason = f"manifest {tier.uri}/{key} is unreadable (torn or edited): {str(exc).splitlines()[0]}"
+                    log.warning("ignoring checkpoint: %s", reason)
+                    unreadable[step] = reason
                     continue
                 found[manifest.step] = manifest.model_copy(update={"uri": f"{tier.uri}/{key}", "tier": tier_name})
-        return [found[step] for step in sorted(found)]
+                unreadable.pop(manifest.step, None)
+        return [found[step] for step in sorted(found)], unreadable
 
     def run_ids(self) -> list[str]:
         """Every run with at least one manifest on any tier."""
@@ -165,8 +173,11 @@ class CheckpointStore:
 
     def restore_latest(self, run_id: str) -> Restored | None:
         """The newest checkpoint whose hashes verify; older ones are tried in turn."""
+        manifests, unreadable = self._scan(run_id)
         skipped: list[tuple[int, str]] = []
-        for manifest in reversed(self.list(run_id)):
+        for manifest in reversed(manifests):
+            skipped += sorted(((s, r) for s, r in unreadable.items() if s > manifest.step), reverse=True)
+            unreadable = {s: r for s, r in unreadable.items() if s < manifest.step}
             try:
                 state = self.load(manifest)
             except (CheckpointError, OSError, ValueError, RuntimeError) as exc:
@@ -235,7 +246,8 @@ class CheckpointStore:
         tiers = [self.storage] + ([self.cold] if self.cold is not None else [])
         return tiers[::-1] if manifest.tier == "cold" else tiers
 
-    def _located(self, manifest: CheckpointManifest, tier: str) -> CheckpointManifest:
+    def located(self, manifest: CheckpointManifest, tier: str) -> CheckpointManifest:
+        """The manifest with the uri and tier it has in this store."""
         key = manifest_key(manifest.run_id, manifest.step)
         return manifest.model_copy(update={"uri": f"{self.uri}/{key}", "tier": tier})
 

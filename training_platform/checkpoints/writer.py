@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import mmap
+import os
 import threading
 import time
 import uuid
@@ -41,7 +42,8 @@ PACK_BELOW_BYTES = 4 << 20
 LEASE_SETTLE_SECONDS = 1.0
 # GC deletes within GC_DELETE_WINDOW_SECONDS of reading the leases (retention.py); settling must be longer.
 MIN_SETTLE_SECONDS = 0.5
-WRITE_WORKERS = 4
+# Hashing and writing release the GIL: a few more threads than cores keeps both CPU and disk busy.
+WRITE_WORKERS = max(4, min(16, os.cpu_count() or 4))
 
 
 @dataclass

@@ -9,6 +9,7 @@ with the manifest or the error. When the trainer goes away its socket closes and
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import socket
@@ -36,15 +37,14 @@ class _Staging:
 
     def close(self) -> None:
         if self.map is not None:
-            self.map.close()
+            with contextlib.suppress(BufferError):  # a view outlived its save; unmapped with it
+                self.map.close()
         self.map, self.key = None, None
 
 
 def serve(conn: Connection) -> None:
     init = conn.recv()
     storage, settle = init["storage"], init["lease_settle_seconds"]
-    if init.get("niceness"):
-        os.nice(init["niceness"])
     staging = _Staging()
     conn.send({"ready": True, "pid": os.getpid()})
     while True:
@@ -55,6 +55,7 @@ def serve(conn: Connection) -> None:
         if request["op"] == "stop":
             conn.send({"stopped": True})
             return
+        buffer = blobs = None
         try:
             buffer = staging.view(*request["staging"])
             blobs = [
@@ -71,11 +72,12 @@ def serve(conn: Connection) -> None:
                 stall_seconds=request["stall_seconds"],
                 lease_settle_seconds=settle,
             )
-            del blobs
             conn.send({"ok": True, "manifest": manifest.model_dump_json(), "uri": storage.uri})
         except Exception as exc:  # reported to the trainer, never raised into its loop
             detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
             conn.send({"ok": False, "error": detail})
+        finally:
+            del buffer, blobs  # release the staging views so a grown buffer can be remapped
 
 
 def main() -> None:

@@ -96,8 +96,9 @@ def test_s3_server_stopped_during_upload_then_restarted(s3_server, s3_bucket):
         s3_server.stop()
         try:
             result = checkpointer.wait(timeout=180)
-            # The training loop saw no exception; the failure is reported with its cause.
-            assert not result.ok and "S3 upload" in result.error and "reachable" in result.error
+            # The training loop saw no exception; the failure is reported with its cause (connection
+            # refused, or a 500 from a server shutting down, depending on the moment).
+            assert not result.ok and "S3 " in result.error and "failed after 3 attempts" in result.error
             assert checkpointer.last_error == result.error
         finally:
             s3_server.start()

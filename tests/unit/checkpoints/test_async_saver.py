@@ -87,3 +87,12 @@ def test_a_killed_writer_is_reported_and_replaced(store):
 def test_invalid_policy_is_refused(store):
     with pytest.raises(ValueError, match="policy"):
         AsyncCheckpointer(store, policy="maybe")
+
+
+def test_caller_bugs_raise_at_once_and_nothing_is_in_flight(store):
+    with AsyncCheckpointer(store) as checkpointer:
+        with pytest.raises(ValueError, match="invalid storage key"):
+            checkpointer.save_async("../escape", 1, state(1))
+        with pytest.raises(TypeError, match="cannot checkpoint"):
+            checkpointer.save_async("r", 1, {"x": object()})
+        assert not checkpointer.in_flight and checkpointer.wait() is None

@@ -161,3 +161,13 @@ def test_files_checkpoint_roundtrip(store, tmp_path):
     out = store.restore_files(store.list("run-f")[-1], tmp_path / "out")
     assert (tmp_path / "out" / "a.bin").read_bytes() == (src / "a.bin").read_bytes()
     assert out["sub/b.txt"].read_text() == "hello"
+
+
+def test_run_summary_reports_overhead_as_a_fraction_of_training_time(store):
+    from training_platform.checkpoints.manifest import run_checkpoint_summary
+
+    store.save("run-a", 1, make_state(), stall_seconds=0.5)
+    manifest, _ = store.save("run-a", 2, make_state(), stall_seconds=1.5)
+    summary = run_checkpoint_summary(store.list("run-a"), training_seconds=100.0)
+    assert summary["checkpoint_overhead_fraction"] == 0.02 and summary["checkpoints"] == 2
+    assert manifest.summary()["stall_seconds"] == 1.5 and manifest.summary()["tier"] == "hot"

@@ -110,3 +110,14 @@ def test_grid_sampler_covers_the_grid(tmp_path):
     result = run_sweep(sweep, home, curve_trial(home))
     seen = {(t.params["training.batch_size"], round(t.params["training.learning_rate"], 4)) for t in result.trials}
     assert seen == {(b, lr) for b in (16, 32) for lr in (0.001, 0.0505, 0.1)}
+
+
+@pytest.mark.parametrize("pruner", [
+    {"type": "hyperband", "min_resource": 10, "max_resource": 90, "reduction_factor": 3},
+    {"type": "median", "n_startup_trials": 2, "n_warmup_steps": 10},
+])
+def test_hyperband_and_median_prune_through_the_worker_protocol(tmp_path, pruner):
+    home = PlatformHome(tmp_path).ensure()
+    result = run_sweep(parse_sweep(sweep_data(pruner=pruner, limits={"max_trials": 10})), home, curve_trial(home))
+    assert len(result.trials) == 10 and result.counts()["PRUNED"] >= 2, result.counts()
+    assert result.best is not None

@@ -1,0 +1,28 @@
+"""Cost: the GPU price model, cost windows, per-run accounting, team budgets and rent-versus-own."""
+
+from training_platform.cost.accounting import CostLedger, RunCost, month_start, run_cost
+from training_platform.cost.breakeven import Breakeven, OwnershipCase, breakeven
+from training_platform.cost.budgets import BudgetError, check_budget, estimate_run_usd
+from training_platform.cost.prices import CostError, HourlyCurve, PriceModel, load_price_model
+from training_platform.cost.windows import CostWindow, cheapest_start, cost_window_for, window_cost
+
+__all__ = [
+    "Breakeven",
+    "BudgetError",
+    "CostError",
+    "CostLedger",
+    "CostWindow",
+    "HourlyCurve",
+    "OwnershipCase",
+    "PriceModel",
+    "RunCost",
+    "breakeven",
+    "check_budget",
+    "cheapest_start",
+    "cost_window_for",
+    "estimate_run_usd",
+    "load_price_model",
+    "month_start",
+    "run_cost",
+    "window_cost",
+]
