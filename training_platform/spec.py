@@ -132,6 +132,9 @@ class CheckpointSpec(_Strict):
         60, ge=5, le=3600, description="seconds from SIGTERM (preemption) to kill: emergency checkpoint"
     )
     keep_last: int = Field(3, ge=1, description="checkpoints to keep (>= 1)")
+    async_save: bool = Field(
+        True, description="write periodic checkpoints in a background process; the loop blocks only for a copy"
+    )
     store_uri: str | None = Field(
         None, description="local directory or s3://bucket/prefix; default: the project's data directory"
     )

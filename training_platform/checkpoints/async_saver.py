@@ -243,6 +243,9 @@ class AsyncCheckpointer:
             [sys.executable, "-m", "training_platform.checkpoints.writer_process", str(child.fileno())],
             pass_fds=[child.fileno()],
             env=env,
+            # Its own session: signals aimed at the trainer's process group (torchrun tearing down a
+            # failed group, an engine's preemption) do not cut a save short; it leaves on EOF.
+            start_new_session=True,
         )
         child.close()
         self._conn = Connection(parent.detach())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import signal
 import socket
 import sys
 import traceback
@@ -81,6 +82,9 @@ def serve(conn: Connection) -> None:
 
 
 def main() -> None:
+    # A preemption signals the whole process group. The writer finishes the save in flight (the
+    # trainer waits for it inside the grace period) and leaves when the trainer closes the socket.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     fd = int(sys.argv[1])
     sock = socket.socket(fileno=fd)
     conn = Connection(sock.detach())

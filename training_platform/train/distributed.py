@@ -42,8 +42,32 @@ def init_distributed() -> DistInfo:
         # a fixed thread count also keeps CPU reductions deterministic.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=timedelta(minutes=10))
+        dist.init_process_group(
+            backend=backend,
+            store=_attempt_store(rank, world_size),
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(minutes=10),
+        )
     return DistInfo(rank, world_size, local_rank, local_world_size, device, backend)
+
+
+def _attempt_store(rank: int, world_size: int) -> dist.Store:
+    """The rendezvous store, under a prefix of its own for each torchrun restart.
+
+    Seen with torch 2.13 and gloo: after a rank died and torchrun restarted the group, a new rank
+    could read a peer address the failed attempt had published and fail to connect. A prefix per
+    attempt (TORCHELASTIC_RESTART_COUNT) keeps each attempt's addresses apart.
+    """
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False").lower() == "true"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=rank == 0 and not agent_store,
+        timeout=timedelta(minutes=10),
+    )
+    return dist.PrefixStore(f"training_platform/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def seed_everything(seed: int) -> None:
@@ -88,6 +112,11 @@ def any_rank(flag: bool, info: DistInfo) -> bool:
     tensor = torch.tensor([1 if flag else 0], device=info.device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return bool(tensor.item())
+
+
+def barrier(info: DistInfo) -> None:
+    if info.world_size > 1:
+        dist.barrier()
 
 
 def shutdown() -> None:

@@ -1,88 +1,74 @@
-"""The training loop for classification templates, written against the worker SDK.
+"""The training loop for every template and strategy, written against the worker SDK.
 
-Read top to bottom: load data, build the model, restore, train, checkpoint, finish.
+Read top to bottom: load data, build the model, wrap it with the spec's strategy, restore,
+train (with telemetry), checkpoint, finish.
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+import json
+from collections.abc import Iterable
 
-from training_platform.datasets import load_manifest, read_split
-from training_platform.train.sampler import StepSampler
+import torch
+from torch import nn
+
+from training_platform.datasets import load_manifest
+from training_platform.hardware import peak_flops
+from training_platform.spec import TrainingSpec
+from training_platform.train.data import build_data, evaluate
+from training_platform.train.meter import StepMeter
 from training_platform.train.session import TrainingSession
+from training_platform.train.strategies import build_strategy
 from training_platform.train.templates import get_template
 
+__all__ = ["LOOP_SUMMARY", "build_optimizer", "evaluate", "train"]
+LOOP_SUMMARY = "loop.json"
 
-def build_optimizer(model: nn.Module, session: TrainingSession) -> torch.optim.Optimizer:
-    cfg = session.spec.training
+
+def build_optimizer(params: Iterable[nn.Parameter], cfg: TrainingSpec) -> torch.optim.Optimizer:
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     optimizer_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    return optimizer_cls(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, features: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    model.eval()
-    logits = model(features)
-    model.train()
-    return {
-        "loss": F.cross_entropy(logits, labels).item(),
-        "accuracy": (logits.argmax(dim=1) == labels).float().mean().item(),
-    }
+    return optimizer_cls(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
 
 
 def train(session: TrainingSession) -> dict:
-    spec, cfg, device = session.spec, session.spec.training, session.dist.device
-    snapshot_id = spec.dataset.snapshot_id
-    manifest = load_manifest(session.snapshot_root, snapshot_id)
-    x_train, y_train = (torch.from_numpy(a) for a in read_split(session.snapshot_root, snapshot_id, "train"))
-    x_val, y_val = (
-        torch.from_numpy(a).to(device) for a in read_split(session.snapshot_root, snapshot_id, "validation")
-    )
+    spec, cfg = session.spec, session.spec.training
+    manifest = load_manifest(session.snapshot_root, spec.dataset.snapshot_id)
+    template = get_template(spec.model.template)
+    data = build_data(session, manifest, template)
 
-    model = get_template(spec.model.template).build_model(spec, manifest.num_features, manifest.num_classes)
-    model.to(device)
-    optimizer = build_optimizer(model, session)
-    sampler = StepSampler(len(x_train), cfg.batch_size, session.dist.rank, session.dist.world_size, cfg.seed)
+    model = template.build_model(spec, manifest.num_features, manifest.num_classes)
+    flops = template.flops_per_sample(model, spec) if hasattr(template, "flops_per_sample") else None
+    strategy = build_strategy(session)
+    strategy.setup(model, lambda params: build_optimizer(params, cfg))
+    step = strategy.restore() or 0
 
-    step = 0
-    restored = session.restore()
-    if restored is not None:
-        state, step = restored
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-
-    ddp = DistributedDataParallel(model) if session.dist.world_size > 1 else model
-
-    def checkpoint_state() -> dict:
-        return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-
+    meter = StepMeter(cfg.batch_size, data.tokens_per_sample, flops, peak_flops(session.dist.device))
+    batches = data.batches(step)
     val_metrics: dict[str, float] = {}
     while step < cfg.max_steps:
-        batch = sampler.indices(step)
-        inputs, targets = x_train[batch].to(device), y_train[batch].to(device)
-        loss = F.cross_entropy(ddp(inputs), targets)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        with meter.waiting_for_data(), session.data_wait():  # session: run telemetry, slow-data drills
+            inputs, targets = next(batches)
+        loss = data.loss(strategy.forward(inputs), targets)
+        strategy.step(loss)
         step += 1
+        meter.step_done()
 
-        metrics = {"train_loss": loss.item()} if step % cfg.log_every == 0 else {}
+        metrics = {"train_loss": loss.item()} | meter.report() if step % cfg.log_every == 0 else {}
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
-            val_metrics = {f"val_{k}": v for k, v in evaluate(model, x_val, y_val).items()}
+            val_metrics = {f"val_{k}": v for k, v in data.evaluate(strategy.eval_module).items()}
             metrics.update(val_metrics)
         if metrics:
-            session.report(step, metrics | {"epoch": float(sampler.position(step - 1)[0])})
+            session.report(step, metrics | {"epoch": float(data.epoch(step - 1))})
         saved = session.should_checkpoint(step)
         if saved:
-            session.save(checkpoint_state(), step, val_metrics)
+            strategy.save(step, val_metrics)
         if step < cfg.max_steps and session.should_stop():
             if not saved:
-                session.save(checkpoint_state(), step, val_metrics)
+                strategy.save(step, val_metrics)
             session.exit_preempted(step)
 
-    return session.finish(model.state_dict(), step, val_metrics)
+    if session.dist.is_main:  # the loop's own figures, for benchmarks and `tp` (run telemetry has the rest)
+        (session.run_dir / LOOP_SUMMARY).write_text(json.dumps(meter.summary()))
+    return session.finish(strategy.full_state_dict(), step, val_metrics)

@@ -34,6 +34,7 @@ from training_platform.runlog import RunEvents
 from training_platform.spec import TrainSpec, parse_spec
 from training_platform.telemetry.worker import WorkerTelemetry
 from training_platform.train import distributed, spot_notice
+from training_platform.train.checkpointing import RunCheckpointer
 from training_platform.train.reporting import Reporter
 from training_platform.train.weights import weights_sha256
 
@@ -158,23 +159,45 @@ class TrainingSession:
         return stop
 
     # ----- checkpoints --------------------------------------------------------------------
-    def save(self, state: dict[str, Any], step: int, metrics: dict[str, float] | None = None) -> None:
-        """Checkpoint `state` (replicated across ranks) plus every rank's RNG state."""
+    def save(
+        self, state: dict[str, Any], step: int, metrics: dict[str, float] | None = None, *, wait: bool = False
+    ) -> None:
+        """Checkpoint `state` (replicated across ranks) plus every rank's RNG state.
+
+        Periodic saves are written in the background; `wait=True` (emergency checkpoints) returns
+        only once the checkpoint is durable in the store.
+        """
         rng_states = distributed.all_gather_objects(distributed.rng_state(), self.dist)
         if not self.dist.is_main:
             return
-        with self.telemetry.clock.checkpoint():
-            manifest, stats = self.store.save(
-                self.checkpoint_key, step, {"user": state, "rng": rng_states, "step": step}, metrics
-            )
-            self.store.prune(self.checkpoint_key, self.spec.checkpoint.keep_last)
-        self.checkpoints.append(manifest.summary())
         self._last_model_state = state.get("model")  # a reference, for a pruned trial's weights hash
-        self._event("checkpoint", step=step, uri=manifest.uri)
-        self.reporter.info(
-            f"checkpoint step {step}: {manifest.uri} ({stats.bytes_written} bytes written, "
-            f"{stats.bytes_deduplicated} deduplicated)"
+        with self.telemetry.clock.checkpoint():
+            self.checkpointer.save(step, {"user": state, "rng": rng_states, "step": step}, metrics, wait=wait)
+
+    @cached_property
+    def checkpointer(self) -> RunCheckpointer:
+        return RunCheckpointer(
+            self.store,
+            self.checkpoint_key,
+            background=self.spec.checkpoint.async_save,
+            on_saved=self._checkpoint_written,
+            on_failed=self._checkpoint_failed,
         )
+
+    def _checkpoint_written(self, manifest: CheckpointManifest) -> None:
+        self.store.prune(self.checkpoint_key, self.spec.checkpoint.keep_last)
+        summary = manifest.summary()
+        self.checkpoints.append(summary)
+        self._event("checkpoint", step=manifest.step, uri=manifest.uri)
+        self.reporter.info(
+            f"checkpoint step {manifest.step}: {manifest.uri} ({summary.get('bytes_written', 0)} bytes written, "
+            f"{summary.get('bytes_deduplicated', 0)} deduplicated)"
+        )
+
+    def _checkpoint_failed(self, step: int, error: str) -> None:
+        # Training goes on: the next save tries again, and the previous checkpoint stays restorable.
+        self._event("checkpoint_failed", step=step, error=error)
+        self.reporter.info(f"checkpoint step {step} failed in the background: {error}; the next save retries")
 
     def restore(self) -> tuple[dict[str, Any], int] | None:
         """The newest verified checkpoint of this run, with this rank's RNG state restored."""
@@ -216,6 +239,9 @@ class TrainingSession:
         """Leave after the emergency checkpoint with the status launchers read as PREEMPTED (or PRUNED)."""
         if self._prune_requested:
             self._exit_pruned(step)
+        self._close_checkpointer()
+        # torchrun tears down every rank once one exits non-zero: leave together, after the save is durable.
+        distributed.barrier(self.dist)
         self._event("preempted", step=step, signal_at=self._signal_at)
         if self.dist.is_main:
             marker = {"step": step, "at": time.time(), "signal_at": self._signal_at}
@@ -228,6 +254,7 @@ class TrainingSession:
 
     def finish(self, model_state: dict[str, torch.Tensor], final_step: int, metrics: dict[str, float]) -> dict:
         """Write the run's result (rank 0), report it to Dagster, leave the process group."""
+        self._close_checkpointer()
         num_params = sum(t.numel() for t in model_state.values())
         telemetry_metadata = self.telemetry.finish_and_report(self.reporter, num_params)
         result = {
@@ -254,6 +281,11 @@ class TrainingSession:
         distributed.shutdown()
         return result
 
+    def _close_checkpointer(self) -> None:
+        """Every checkpoint in flight is durable (or reported failed) before the process leaves."""
+        if self.dist.is_main and "checkpointer" in self.__dict__:
+            self.checkpointer.close()
+
     def live_checkpoints(self) -> list[dict]:
         """Checkpoints still in the store (retention may have pruned older ones)."""
         manifests: list[CheckpointManifest] = self.store.list(self.checkpoint_key)
@@ -273,6 +305,8 @@ class TrainingSession:
     def _exit_pruned(self, step: int) -> None:
         """A pruned trial ends cleanly (exit 0) after its checkpoint, with status PRUNED in its result."""
         from training_platform.sweeps.trial import PRUNED_MARKER
+
+        self._close_checkpointer()
 
         self._event("pruned", step=step)
         if self.dist.is_main:

@@ -81,3 +81,13 @@ def test_resume_is_exact(home, snapshot_id, straight, label):
     resumed = train(home, run_id, make_spec(home, snapshot_id, strategy, **extra))
     assert resumed["resumed_from_step"] == 10
     assert resumed["final_weights_sha256"] == straight[label]["final_weights_sha256"]
+
+
+@pytest.mark.parametrize("label", list(STRATEGIES))
+def test_every_format_consolidates_to_the_final_weights(home, straight, label):
+    from training_platform.train.strategies.consolidate import full_model_state
+    from training_platform.train.weights import weights_sha256
+
+    store = open_store(home / "checkpoints")
+    final = next(m for m in store.list(f"straight-{label}") if m.step == 20)
+    assert weights_sha256(full_model_state(store, final)) == straight[label]["final_weights_sha256"]

@@ -1,6 +1,7 @@
 """Model templates, registered by name. Adding a template is one module plus one line here.
 
-A template module provides ``build_model(spec, num_features, num_classes) -> nn.Module``; the
+A template module provides ``build_model(spec, num_features, num_classes) -> nn.Module`` and may set
+``TASK`` ("classification", the default, or "causal_lm") and ``flops_per_sample(model, spec)``; the
 registry maps names to modules lazily so that validating a spec never imports torch.
 """
 
@@ -11,6 +12,7 @@ from types import ModuleType
 
 TEMPLATES: dict[str, str] = {
     "digits_mlp": "training_platform.train.templates.digits",
+    "gpt": "training_platform.train.templates.gpt",
 }
 
 

@@ -1,0 +1,186 @@
+"""Stream a snapshot split batch by batch: sharded across ranks, shuffled per epoch, resumable.
+
+The order is a pure function of (seed, epoch, manifest), so the data position in a checkpoint
+is just the step, and a run resumed mid-epoch reads exactly the batches it would have read:
+
+- epoch ``e`` permutes the split's shards with seed ``(seed, e)``; rank ``r`` of ``w`` takes
+  every ``w``-th shard of that permutation, starting at ``r`` (ranks never read the same shard);
+- each shard's rows are permuted with seed ``(seed, e, shard)``, and a rank's stream is its
+  shards' permuted rows one after another; batch ``b`` of the epoch is rows ``[b*B, (b+1)*B)``;
+- an epoch has as many steps as the rank with the fewest rows can fill, so all ranks step together.
+
+Memory stays at a few decoded shards. ``StepBatches`` is a map-style dataset indexed by step,
+so a ``DataLoader`` with worker processes prefetches ahead of the loop in order, and resuming
+is starting its sampler at the restored step.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from training_platform.datasets.cache import ShardCache
+from training_platform.datasets.manifest import LABEL, SnapshotManifest
+from training_platform.errors import SnapshotError
+
+
+def _permutation(n: int, *seed: int) -> np.ndarray:
+    # SeedSequence-derived PCG64 streams are fixed by numpy's stability policy for Generator seeding.
+    return np.random.default_rng(list(seed)).permutation(n)
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """Which rows of which shard each rank reads at each step, computed from row counts alone."""
+
+    shard_rows: tuple[int, ...]
+    batch_size: int
+    rank: int
+    world_size: int
+    seed: int
+    _epoch_starts: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.shard_rows) < self.world_size:
+            raise SnapshotError(
+                f"the split has {len(self.shard_rows)} shards, fewer than {self.world_size} ranks; "
+                "rebuild the snapshot with more shards or run fewer processes"
+            )
+        if self.steps_in_epoch(0) < 1:
+            raise SnapshotError(
+                f"a rank's share of the split holds fewer rows than one batch ({self.batch_size}); "
+                "lower training.batch_size or run fewer processes"
+            )
+
+    def shards(self, epoch: int, rank: int | None = None) -> list[int]:
+        """Shard indices rank reads in epoch, in reading order."""
+        order = _permutation(len(self.shard_rows), self.seed, epoch)
+        return [int(i) for i in order[self.rank if rank is None else rank :: self.world_size]]
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        rows = [sum(self.shard_rows[i] for i in self.shards(epoch, r)) for r in range(self.world_size)]
+        return min(rows) // self.batch_size
+
+    def position(self, step: int) -> tuple[int, int]:
+        """(epoch, batch within the epoch) of 0-based step."""
+        starts = self._epoch_starts
+        while starts[-1] <= step:
+            starts.append(starts[-1] + self.steps_in_epoch(len(starts) - 1))
+        epoch = bisect.bisect_right(starts, step) - 1
+        return epoch, step - starts[epoch]
+
+    def rows(self, step: int) -> list[tuple[int, np.ndarray]]:
+        """This rank's rows at step, as (shard index, row indices within the shard) groups in order."""
+        epoch, batch = self.position(step)
+        start, stop = batch * self.batch_size, (batch + 1) * self.batch_size
+        groups, offset = [], 0
+        for shard in self.shards(epoch):
+            count = self.shard_rows[shard]
+            lo, hi = max(start, offset), min(stop, offset + count)
+            if lo < hi:
+                order = _permutation(count, self.seed, epoch, shard)
+                groups.append((shard, order[lo - offset : hi - offset]))
+            offset += count
+            if offset >= stop:
+                break
+        return groups
+
+
+class StepBatches(Dataset):
+    """Item ``step`` is this rank's batch at that step: a (batch, columns) int64 array of the split.
+
+    Each worker process keeps a few decoded shards; shard files come through the node-local cache.
+    """
+
+    def __init__(
+        self,
+        snapshot_root: Path,
+        manifest: SnapshotManifest,
+        split: str,
+        plan: StreamPlan,
+        *,
+        columns: list[str] | None = None,
+        cache: ShardCache | None = None,
+        keep_shards: int = 3,
+    ):
+        self.snapshot_root = Path(snapshot_root)
+        self.manifest = manifest
+        self.refs = manifest.splits[split]
+        self.plan = plan
+        self.columns = columns or [*manifest.feature_columns, LABEL]
+        self.cache = cache or ShardCache()
+        self.keep_shards = keep_shards
+        self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def __len__(self) -> int:  # map-style datasets need one; steps are unbounded, the sampler bounds them
+        return 2**62
+
+    def __getitem__(self, step: int) -> torch.Tensor:
+        parts = [self._shard(shard)[rows] for shard, rows in self.plan.rows(step)]
+        return torch.from_numpy(np.concatenate(parts))
+
+    def _shard(self, index: int) -> np.ndarray:
+        if index in self._decoded:
+            self._decoded.move_to_end(index)
+            return self._decoded[index]
+        path = self.cache.path(self.snapshot_root, self.manifest.snapshot_id, self.refs[index])
+        table = pq.read_table(path, columns=self.columns)
+        array = np.stack([table.column(name).to_numpy().astype(np.int64) for name in self.columns], axis=1)
+        self._decoded[index] = array
+        if len(self._decoded) > self.keep_shards:
+            self._decoded.popitem(last=False)
+        return array
+
+    @cached_property
+    def num_rows(self) -> int:
+        return sum(ref.rows for ref in self.refs)
+
+
+def _worker_init(_: int) -> None:
+    torch.set_num_threads(1)  # decoding is light; leave the cores to the training process
+
+
+class _StepChunks(Dataset):
+    """Item ``i``: the batches of ``chunk`` consecutive steps from ``start``, stacked (one IPC hop for all)."""
+
+    def __init__(self, batches: StepBatches, start: int, stop: int, chunk: int):
+        self.batches, self.start, self.stop, self.chunk = batches, start, stop, chunk
+
+    def __len__(self) -> int:
+        return -(-(self.stop - self.start) // self.chunk)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        first = self.start + index * self.chunk
+        return torch.stack([self.batches[step] for step in range(first, min(first + self.chunk, self.stop))])
+
+
+def batch_loader(
+    batches: StepBatches, start_step: int, stop_step: int, *, workers: int = 2, prefetch: int = 4, chunk: int = 8
+) -> Iterator[torch.Tensor]:
+    """Batches for steps [start_step, stop_step) in order, decoded ahead of use by worker processes.
+
+    Workers hand over ``chunk`` steps at a time: a small batch costs less to compute than to
+    pass between processes, so one hand-over per step would itself stall the loop.
+    """
+    if workers == 0:
+        yield from (batches[step] for step in range(start_step, stop_step))
+        return
+    loader = DataLoader(
+        _StepChunks(batches, start_step, stop_step, chunk),
+        batch_size=None,
+        num_workers=workers,
+        prefetch_factor=prefetch,
+        worker_init_fn=_worker_init,
+        persistent_workers=False,
+    )
+    for stacked in loader:
+        yield from stacked.unbind(0)

@@ -1,0 +1,60 @@
+"""The main rank's checkpoint writer: periodic saves in the background, emergency saves waited for.
+
+With `checkpoint.async_save` (the default) the training loop blocks only while the state is
+copied into shared memory; a separate writer process hashes, deduplicates and writes it, so the
+save does not fight the loop for the GIL. At most one save is in flight: a new one waits for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from training_platform.checkpoints import AsyncCheckpointer, CheckpointManifest, CheckpointStore
+
+
+class RunCheckpointer:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        key: str,
+        *,
+        background: bool,
+        on_saved: Callable[[CheckpointManifest], None],
+        on_failed: Callable[[int, str], None],
+    ):
+        self.store = store
+        self.key = key
+        self.on_saved = on_saved
+        self.on_failed = on_failed
+        self._saver = AsyncCheckpointer(store, policy="wait") if background else None
+        self._seen = 0
+
+    def save(self, step: int, state: Any, metrics: dict[str, float] | None, *, wait: bool) -> None:
+        if self._saver is None:
+            manifest, _ = self.store.save(self.key, step, state, metrics)
+            self.on_saved(manifest)
+            return
+        self._saver.save_async(self.key, step, state, metrics)
+        if wait:
+            self._saver.wait()
+        self._collect()
+
+    def flush(self) -> None:
+        """Wait for the save in flight, then report what became of every save."""
+        if self._saver is not None:
+            self._saver.wait()
+            self._collect()
+
+    def close(self) -> None:
+        self.flush()
+        if self._saver is not None:
+            self._saver.close()
+
+    def _collect(self) -> None:
+        for result in self._saver.results[self._seen :]:
+            if result.ok:
+                self.on_saved(result.manifest)
+            elif not result.skipped:
+                self.on_failed(result.step, result.error or "unknown error")
+        self._seen = len(self._saver.results)

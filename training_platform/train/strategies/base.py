@@ -1,0 +1,74 @@
+"""What every strategy offers the loop: wrap, step, save, restore, gather the full weights."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from training_platform.checkpoints import CheckpointManifest
+from training_platform.train import distributed
+from training_platform.train.session import TrainingSession
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+class Strategy(ABC):
+    """One way to spread a model over the process group.
+
+    Use: ``setup(model, make_optimizer)``; then per step ``loss = forward(x)...; step(loss)``;
+    ``save(step, metrics)`` / ``restore()`` go through the session's checkpoint store.
+    """
+
+    name: str = ""
+
+    def __init__(self, session: TrainingSession):
+        self.session = session
+        self.module: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    @abstractmethod
+    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
+        """Move, wrap and shard the model; build the optimizer over the parameters this rank owns."""
+
+    @abstractmethod
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The training forward pass (through the wrapper, so gradients are synchronized)."""
+
+    @abstractmethod
+    def step(self, loss: torch.Tensor) -> None:
+        """Backward, optimizer step, gradients cleared."""
+
+    @abstractmethod
+    def save(self, step: int, metrics: dict[str, float]) -> None:
+        """Collective: checkpoint model, optimizer, every rank's RNG and the step."""
+
+    @abstractmethod
+    def restore(self) -> int | None:
+        """Collective: load the newest checkpoint this strategy wrote; the step, or None."""
+
+    @abstractmethod
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Collective: the full, unsharded model weights (complete on rank 0)."""
+
+    @property
+    def eval_module(self) -> nn.Module:
+        """The module for evaluation forwards (every rank must call it when weights are sharded)."""
+        assert self.module is not None, "call setup() first"
+        return self.module
+
+    # ----- shared bookkeeping -------------------------------------------------------------------
+    def gathered_rng(self) -> list[dict[str, Any]]:
+        return distributed.all_gather_objects(distributed.rng_state(), self.session.dist)
+
+    def set_rng(self, rng_states: list[dict[str, Any]]) -> None:
+        distributed.set_rng_state(rng_states[self.session.dist.rank % len(rng_states)])
+
+    def record_saved(self, manifest: CheckpointManifest, seconds: float) -> None:
+        self.session.checkpoint_saved(manifest, seconds)
+
+    def record_restored(self, manifest: CheckpointManifest, step: int) -> None:
+        self.session.checkpoint_restored(manifest, step)

@@ -1,0 +1,176 @@
+"""DeepSpeed ZeRO stages 1-3, optionally with optimizer/parameter offload to the CPU.
+
+ZeRO-1 shards optimizer states, ZeRO-2 also gradients, ZeRO-3 also the weights. On a machine
+without GPUs DeepSpeed picks its CPU accelerator by itself and talks over the gloo group the
+session opened.
+
+Checkpoints: DeepSpeed's own ``save_checkpoint`` writes every rank's files into a staging
+directory under the run directory (shared by all ranks, as DeepSpeed itself assumes), then
+rank 0 publishes them through the checkpoint store as one files checkpoint (chunks first,
+manifest last). Restore fetches and verifies the files, then ``load_checkpoint`` reads them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from training_platform.errors import CheckpointError
+from training_platform.spec import TrainSpec
+from training_platform.train.strategies.base import OptimizerFactory, Strategy
+
+FORMAT = "deepspeed"
+TAG = "checkpoint"
+
+
+def deepspeed_config(spec: TrainSpec, num_params: int | None = None) -> dict[str, Any]:
+    """The DeepSpeed config for a spec: ZeRO stage and offload from ``spec.deepspeed``, fp32."""
+    options = spec.deepspeed
+    zero: dict[str, Any] = {"stage": options.zero_stage}
+    if num_params:
+        # DeepSpeed's default buckets hold 5e8 elements (2 GB in fp32) whatever the model's size; an
+        # eighth of the model per bucket still amortizes each collective and keeps ZeRO's savings.
+        bucket = int(min(5e8, max(5e5, num_params // 8)))
+        zero |= {"reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
+        if options.zero_stage == 3:
+            zero["stage3_prefetch_bucket_size"] = bucket
+    if options.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if options.offload_params:
+        zero["offload_param"] = {"device": "cpu"}
+    return {
+        "train_micro_batch_size_per_gpu": spec.training.batch_size,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": zero,
+        # The loop builds a torch optimizer (same update rule as DDP/FSDP, so runs compare);
+        # DeepSpeed's own fused optimizers would need compiled ops.
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 2**31 - 1,
+    }
+
+
+class DeepSpeedStrategy(Strategy):
+    name = "deepspeed"
+
+    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
+        import deepspeed
+
+        _ensure_process_group(self.session.dist.backend)
+        # Deterministic mode fills every torch.empty with NaN; DeepSpeed allocates buckets of
+        # hundreds of millions of elements, which made each CPU step take seconds. Its buffers
+        # are written before they are read, so the fill buys nothing here.
+        torch.utils.deterministic.fill_uninitialized_memory = False
+        deepspeed.init_distributed(dist_backend=self.session.dist.backend)
+        self.stage = self.session.spec.deepspeed.zero_stage
+        optimizer = make_optimizer(model.parameters())
+        config = deepspeed_config(self.session.spec, sum(p.numel() for p in model.parameters()))
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model.to(self.session.dist.device), optimizer=optimizer, config=config
+        )
+        self.module = self.engine.module
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.engine(*inputs)
+
+    def step(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+        self.engine.step()  # also clears the gradients
+
+    # ----- checkpoints ----------------------------------------------------------------------------
+    def save(self, step: int, metrics: dict[str, float]) -> None:
+        session, started = self.session, time.monotonic()
+        staging = session.run_dir / "deepspeed-staging" / f"step-{step}"
+        # DeepSpeed writes client_state once (model-states file of rank 0), so gather all ranks' RNG.
+        client_state = {"rng": self.gathered_rng(), "step": step}
+        self.engine.save_checkpoint(str(staging), tag=TAG, client_state=client_state)
+        _barrier()
+        manifest = None
+        try:
+            if session.dist.is_main:
+                files = {str(p.relative_to(staging)): p for p in sorted(staging.rglob("*")) if p.is_file()}
+                attributes = {"format": FORMAT, "zero_stage": self.stage, "world_size": session.dist.world_size}
+                manifest, _ = session.store.save_files(session.run_id, step, files, metrics, attributes)
+            _barrier()  # no rank goes on before the checkpoint is visible
+        finally:
+            if session.dist.is_main:
+                shutil.rmtree(staging, ignore_errors=True)
+        if manifest is not None:
+            self.record_saved(manifest, time.monotonic() - started)
+
+    def restore(self) -> int | None:
+        session = self.session
+        manifests = _broadcast(session.store.list(session.run_id) if session.dist.is_main else None)
+        for manifest in reversed([m for m in manifests if m.attributes.get("format") == FORMAT]):
+            staging = Path(tempfile.mkdtemp(prefix=f"tp-ds-restore-{session.dist.rank}-"))
+            try:
+                error = None
+                try:
+                    session.store.restore_files(manifest, staging)
+                except (CheckpointError, OSError) as exc:
+                    error = str(exc)
+                errors = [e for e in _all_gather(error) if e]
+                if errors:  # every rank saw the same verdict, so all move on to the older one together
+                    session.reporter.info(f"skipped checkpoint step {manifest.step}: {errors[0]}")
+                    continue
+                path, client_state = self.engine.load_checkpoint(str(staging), tag=TAG)
+                if path is None:
+                    raise CheckpointError(f"DeepSpeed could not load checkpoint {manifest.uri}; see the log above")
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            self.set_rng(client_state["rng"])
+            self.record_restored(manifest, int(client_state["step"]))
+            return int(client_state["step"])
+        return None
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        if self.stage < 3:
+            return self.module.state_dict()
+        import deepspeed
+
+        # ZeRO-3 keeps only this rank's slice of each weight: gather them all for the moment of the copy.
+        with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
+            return {name: tensor.detach().clone() for name, tensor in self.module.state_dict().items()}
+
+
+def _ensure_process_group(backend: str) -> None:
+    """DeepSpeed needs a process group even for one process; give it a private one."""
+    if dist.is_initialized():
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1"}.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("LOCAL_RANK", "0")
+    dist.init_process_group(backend=backend, rank=0, world_size=1)
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _broadcast(obj: Any) -> Any:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _all_gather(obj: Any) -> list[Any]:
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

@@ -1,0 +1,101 @@
+"""FSDP2: ``fully_shard`` on each layer, then on the root; weights, gradients and optimizer
+states are sharded across ranks and gathered layer by layer for each forward and backward.
+
+Checkpoints are sharded: each rank writes its own shard through torch.distributed.checkpoint
+into the checkpoint store (``checkpoints.sharded``), so no rank ever holds the whole model.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from training_platform.checkpoints.sharded import restore_latest_sharded, save_sharded
+from training_platform.train.strategies.base import OptimizerFactory, Strategy
+
+FORMAT = "torch.distributed.checkpoint"
+
+
+def layers_of(model: nn.Module) -> list[nn.Module]:
+    """The units to shard one by one: a template's ``blocks`` if it has them, else its children with weights."""
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.ModuleList):
+        return list(blocks)
+    return [child for child in model.children() if any(True for _ in child.parameters())]
+
+
+class FSDPStrategy(Strategy):
+    name = "fsdp"
+
+    def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        info = self.session.dist
+        model = model.to(info.device)
+        if info.world_size > 1:
+            mesh = init_device_mesh(info.device.type, (info.world_size,))
+            # Per layer first, so each layer's weights are gathered only while that layer runs.
+            for layer in layers_of(model):
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+        self.module = model
+        self.optimizer = make_optimizer(model.parameters())
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.module(*inputs)
+
+    def step(self, loss: torch.Tensor) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+
+    def _state(self) -> dict:
+        model_state, optim_state = get_state_dict(self.module, self.optimizer)
+        return {"model": model_state, "optim": optim_state}
+
+    def save(self, step: int, metrics: dict[str, float]) -> None:
+        started = time.monotonic()
+        # RNG states as one opaque blob: DCP would otherwise flatten the lists inside them into keys.
+        state = self._state() | {"rng": pickle.dumps(self.gathered_rng()), "step": step}
+        manifest = save_sharded(self.session.store, self.session.run_id, step, state, metrics)
+        self.record_saved(manifest, time.monotonic() - started)
+
+    def restore(self) -> int | None:
+        session = self.session
+        if not _any_sharded(session):
+            return None  # skip get_state_dict's optimizer-state initialization on a fresh run
+        state = self._state() | {"rng": b"", "step": -1}
+        restored = restore_latest_sharded(session.store, session.run_id, state)
+        if restored is None:
+            return None
+        manifest, skipped = restored
+        for step, reason in skipped:
+            session.reporter.info(f"skipped checkpoint step {step}: {reason}")
+        set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        self.set_rng(pickle.loads(state["rng"]))
+        self.record_restored(manifest, int(state["step"]))
+        return int(state["step"])
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        if self.session.dist.world_size == 1:
+            return self.module.state_dict()
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.module, options=options)
+
+
+def _any_sharded(session) -> bool:
+    found = [any(m.kind == "files" for m in session.store.list(session.run_id))] if session.dist.is_main else [None]
+    if session.dist.world_size > 1:
+        dist.broadcast_object_list(found, src=0)
+    return bool(found[0])
