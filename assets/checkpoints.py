@@ -1,9 +1,14 @@
 """The checkpoints asset: a run's checkpoint manifests, with a check that the newest restores."""
 
+import tempfile
+from pathlib import Path
+
 import dagster as dg
 
 from assets.partitions import training_runs
 from training_platform.checkpoints import open_store
+from training_platform.errors import CheckpointError
+from training_platform.train.strategies.consolidate import full_model_state
 from training_platform.train.weights import weights_sha256
 
 
@@ -64,23 +69,29 @@ def checkpoints(context: dg.AssetExecutionContext, training_run: dict):
 
 
 def newest_checkpoint_restores(checkpoints: dict) -> dg.AssetCheckResult:
+    """Every chunk of the newest checkpoint verifies; its weights are the run's final weights."""
     store = open_store(checkpoints["store_uri"])
-    restored = store.restore_latest(checkpoints["checkpoint_key"])
-    if restored is None:
-        return dg.AssetCheckResult(
-            check_name="newest_checkpoint_restores", passed=False, description="no checkpoint of this run verifies"
-        )
-    restored_sha = weights_sha256(restored.state["user"]["model"])
-    matches_final = restored.manifest.step != checkpoints["final"]["step"] or (
-        restored_sha == checkpoints["final_weights_sha256"]
+    manifests = store.list(checkpoints["checkpoint_key"])
+    if not manifests:
+        return _restores(False, "the run has no checkpoint in the store", {})
+    newest = manifests[-1]
+    try:
+        if newest.attributes.get("format") == "directory":  # a framework's own files (HF, Lightning)
+            with tempfile.TemporaryDirectory() as scratch:
+                store.restore_files(newest, Path(scratch))
+            return _restores(True, f"step {newest.step} restored (framework files)", {"uri": newest.uri})
+        restored_sha = weights_sha256(full_model_state(store, newest))
+    except (CheckpointError, OSError, KeyError, ValueError) as exc:
+        return _restores(False, f"step {newest.step} does not restore: {exc}", {"uri": newest.uri})
+    matches_final = newest.step != checkpoints["final"]["step"] or restored_sha == checkpoints["final_weights_sha256"]
+    return _restores(
+        matches_final,
+        f"step {newest.step} restored" + ("" if matches_final else "; its weights differ from the run's final weights"),
+        {"step": newest.step, "weights_sha256": restored_sha, "uri": newest.uri},
     )
+
+
+def _restores(passed: bool, description: str, metadata: dict) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
-        check_name="newest_checkpoint_restores",
-        passed=not restored.skipped and matches_final,
-        description=(
-            f"step {restored.manifest.step} restored"
-            + (f"; skipped {restored.skipped}" if restored.skipped else "")
-            + ("" if matches_final else "; its weights differ from the run's final weights")
-        ),
-        metadata={"step": restored.manifest.step, "weights_sha256": restored_sha, "uri": restored.manifest.uri},
+        check_name="newest_checkpoint_restores", passed=passed, description=description, metadata=metadata
     )

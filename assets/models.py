@@ -5,8 +5,7 @@ import dagster as dg
 from assets.partitions import training_runs
 from resources.platform import PlatformResource
 from training_platform import tracking
-from training_platform.datasets import read_split
-from training_platform.evaluate import evaluate_checkpoint, find_checkpoint, load_model
+from training_platform.evaluate import evaluate_checkpoint, find_checkpoint, input_example, load_model
 from training_platform.spec import parse_spec
 
 
@@ -78,7 +77,7 @@ def registered_model(
     )
     snapshots = platform.paths().snapshots
     model = load_model(spec, snapshots, store_uri, manifest)
-    example, _ = read_split(snapshots, spec.dataset.snapshot_id, "test")
+    example = input_example(spec, snapshots)
     lineage = training_run["lineage"]
     tags = {
         "training_run": training_run["run_id"],
@@ -88,7 +87,7 @@ def registered_model(
         **{k: str(v) for k, v in lineage.items()},
     }
     version = tracking.register_model(
-        tracking_uri, training_run["mlflow_run_id"], model_name, model, example[:1], tags, gate.promote
+        tracking_uri, training_run["mlflow_run_id"], model_name, model, example, tags, gate.promote
     )
     value = {
         "model_name": model_name,

@@ -87,11 +87,12 @@ def _recover(
 ):
     try:
         spec = load_run_spec(home, run_id)
-        status = launcher.launcher_for(handle.backend).status(handle)
+        backend = launcher.launcher_for(handle.backend)
+        status = backend.status(handle)
     except PlatformError as exc:
         context.log.warning(f"{run_id}: cannot follow job {handle.job_id}: {exc}")
         return
-    decision = decide(spec, status, summary)
+    decision = decide(spec, status, summary, engine_keeps_job=getattr(backend, "keeps_preempted_jobs", False))
     if decision.action in (Recovery.RESUME, Recovery.RESUME_ON_DEMAND):
         capacity = "ondemand" if decision.action == Recovery.RESUME_ON_DEMAND else None
         config = {"ops": {"training_run": {"config": {"capacity": capacity}}}} if capacity else {}

@@ -112,10 +112,13 @@ class Decision:
     reason: str
 
 
-def decide(spec: TrainSpec, status: JobStatus, summary: PreemptionSummary) -> Decision:
+def decide(
+    spec: TrainSpec, status: JobStatus, summary: PreemptionSummary, engine_keeps_job: bool = False
+) -> Decision:
     """The failover sequence for a preempted run.
 
-    1. The engine requeued the job: follow it (no new submission).
+    1. The engine requeued the job, or keeps it through a preemption (a Kueue-evicted Job is suspended
+       and requeued by Kueue; a Job whose spot node was reclaimed gets new pods): follow it.
     2. The job is gone and fewer than `max_preemptions` happened: resume from the newest checkpoint,
        on spot while fewer than `fallback_to_ondemand_after` preemptions happened, else on-demand.
     3. Otherwise give up and say why.
@@ -123,7 +126,9 @@ def decide(spec: TrainSpec, status: JobStatus, summary: PreemptionSummary) -> De
     """
     policy = spec.preemption
     count = max(summary.preemptions, status.preemptions)
-    if status.state in (JobState.REQUEUED, JobState.PENDING, JobState.RUNNING):
+    if status.state in (JobState.REQUEUED, JobState.PENDING, JobState.RUNNING) or (
+        status.state == JobState.PREEMPTED and engine_keeps_job
+    ):
         return Decision(Recovery.FOLLOW, f"{status.state.value.lower()}: the engine keeps the job")
     if status.state != JobState.PREEMPTED:
         return Decision(Recovery.NONE, f"job is {status.state.value}")

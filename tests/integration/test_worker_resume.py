@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import signal
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -70,23 +71,31 @@ def test_resume_from_mid_run_checkpoint_is_exact(home, uninterrupted):
     assert resumed["final_weights_sha256"] == uninterrupted["final_weights_sha256"]
 
 
-def test_sigterm_writes_emergency_checkpoint_and_resume_is_exact(home, uninterrupted):
+def test_five_sigterms_at_random_steps_lose_nothing_and_resume_exactly(home, uninterrupted):
+    """Preempt the same run five times at random steps (SIGTERM to the torchrun group), resume each time."""
     spec = _spec(home, max_steps=400)
     launcher = LocalLauncher(visible_gpus=0)
-    handle = launch(home, "preempted", spec, launcher)
     log = home / "runs" / "preempted" / LOG_FILE
-    wait_for_step(home, "preempted", 5)
-    os.killpg(job_pid(handle), signal.SIGTERM)
-    status = wait(launcher, handle)
-    assert status.state == JobState.PREEMPTED, log.read_text()[-3000:]
-    preempted_at = max(m.step for m in open_store(home / "checkpoints").list("preempted"))
-    assert 0 < preempted_at < 400
-    assert f"preempted at step {preempted_at}: emergency checkpoint written" in log.read_text()
+    store = open_store(home / "checkpoints")
+    rng = random.Random(5)
+    preempted_at: list[int] = []
+    for trial in range(5):
+        handle = launch(home, "preempted", spec, launcher)
+        wait_for_step(home, "preempted", (preempted_at[-1] if preempted_at else 0) + rng.randint(5, 40))
+        os.killpg(job_pid(handle), signal.SIGTERM)
+        status = wait(launcher, handle)
+        assert status.state == JobState.PREEMPTED, f"trial {trial}: {log.read_text()[-3000:]}"
+        preempted_at.append(max(m.step for m in store.list("preempted")))
+        assert f"preempted at step {preempted_at[-1]}: emergency checkpoint written" in log.read_text()
+    assert preempted_at == sorted(set(preempted_at)) and preempted_at[-1] < 400
 
     resumed = train(home, "preempted", spec)
     straight = train(home, "straight-400", spec)
-    assert resumed["resumed_from_step"] == preempted_at
+    assert resumed["resumed_from_step"] == preempted_at[-1]
     assert resumed["final_weights_sha256"] == straight["final_weights_sha256"]
+    interruptions = summarize(RunEvents(home / "runs" / "preempted").read()).interruptions
+    assert [i.kind for i in interruptions] == ["preempted"] * 5
+    assert [i.lost_steps for i in interruptions] == [0] * 5
 
 
 def _worker_pids(torchrun_group: int) -> list[int]:

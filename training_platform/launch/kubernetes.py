@@ -31,6 +31,9 @@ class KubernetesLauncher:
     """Plans, submits and watches training runs on Kubernetes with Kueue."""
 
     name = "k8s"
+    # A preempted Job is not gone: Kueue suspends and requeues it, the Job controller replaces pods
+    # lost with a spot node. The preemption sensor follows it instead of resubmitting.
+    keeps_preempted_jobs = True
 
     def __init__(self, config: KubernetesConfig | None = None, api_client: Any = None) -> None:
         self.config = config or KubernetesConfig()
