@@ -257,12 +257,24 @@ class TrainingSession:
         self._close_checkpointer()
         num_params = sum(t.numel() for t in model_state.values())
         telemetry_metadata = self.telemetry.finish_and_report(self.reporter, num_params)
-        result = {
+        result = self._result("SUCCEEDED", final_step, weights_sha256(model_state), metrics)
+        self._event("finished", step=final_step)
+        if self.dist.is_main:
+            (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
+            self.reporter.materialization(_metadata(result) | telemetry_metadata)
+            self.reporter.info(f"finished at step {final_step}: weights {result['final_weights_sha256'][:12]}")
+        self.reporter.close()
+        distributed.shutdown()
+        return result
+
+    def _result(self, status: str, final_step: int, weights: str, metrics: dict[str, float]) -> dict:
+        """The run's result.json: what launchers, assets and `tp` read back."""
+        return {
             "run_id": self.run_id,
             "checkpoint_key": self.checkpoint_key,
-            "status": "SUCCEEDED",
+            "status": status,
             "final_step": final_step,
-            "final_weights_sha256": weights_sha256(model_state),
+            "final_weights_sha256": weights,
             "checkpoints": self.live_checkpoints(),
             "mlflow_run_id": self.reporter.mlflow_run_id,
             "snapshot_id": self.spec.dataset.snapshot_id,
@@ -272,14 +284,6 @@ class TrainingSession:
             "train_seconds": round(time.monotonic() - self._started, 3),
             "metrics": metrics,
         }
-        self._event("finished", step=final_step)
-        if self.dist.is_main:
-            (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
-            self.reporter.materialization(_metadata(result) | telemetry_metadata)
-            self.reporter.info(f"finished at step {final_step}: weights {result['final_weights_sha256'][:12]}")
-        self.reporter.close()
-        distributed.shutdown()
-        return result
 
     def _close_checkpointer(self) -> None:
         """Every checkpoint in flight is durable (or reported failed) before the process leaves."""
@@ -290,7 +294,6 @@ class TrainingSession:
         """Checkpoints still in the store (retention may have pruned older ones)."""
         manifests: list[CheckpointManifest] = self.store.list(self.checkpoint_key)
         return [m.summary() for m in manifests]
-
 
     # ----- sweeps -------------------------------------------------------------------------
     def _join_sweep(self) -> None:
@@ -307,25 +310,15 @@ class TrainingSession:
         from training_platform.sweeps.trial import PRUNED_MARKER
 
         self._close_checkpointer()
-
         self._event("pruned", step=step)
         if self.dist.is_main:
             model_state = getattr(self, "_last_model_state", None)
-            result = {
-                "run_id": self.run_id,
-                "status": "PRUNED",
-                "final_step": step,
-                "final_weights_sha256": weights_sha256(model_state) if model_state else self.checkpoints[-1]["sha256"],
-                "checkpoints": self.live_checkpoints(),
-                "mlflow_run_id": self.reporter.mlflow_run_id,
-                "snapshot_id": self.spec.dataset.snapshot_id,
-                "resumed_from_step": self.resumed_from_step,
-                "world_size": self.dist.world_size,
-                "device": self.dist.device.type,
-                "train_seconds": round(time.monotonic() - self._started, 3),
-                "metrics": {self.pruning.context.metric: self.pruning.last_value},
-                "pruned_at_step": self.pruning.pruned_at,
-            }
+            result = self._result(
+                "PRUNED",
+                step,
+                weights_sha256(model_state) if model_state else self.checkpoints[-1]["sha256"],
+                {self.pruning.context.metric: self.pruning.last_value},
+            ) | {"pruned_at_step": self.pruning.pruned_at}
             (self.run_dir / PRUNED_MARKER).write_text(json.dumps({"step": step, "at": time.time()}))
             (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
             self.reporter.materialization(_metadata(result))
