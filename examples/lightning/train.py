@@ -36,7 +36,11 @@ class Classifier(L.LightningModule):
 
 
 class StepBatches(Sampler):
-    """The batches of steps [start, stop): this rank's rows of each global batch."""
+    """The batches of steps [start, stop): this rank's rows of each global batch.
+
+    Its length is the whole run (`stop`): a resumed Lightning loop counts the restored batch index
+    against it, so with `start` batches already done it expects exactly the ones yielded here.
+    """
 
     def __init__(self, sampler: StepSampler, start: int, stop: int):
         self.sampler, self.start, self.stop = sampler, start, stop
@@ -45,7 +49,7 @@ class StepBatches(Sampler):
         return (self.sampler.indices(step).tolist() for step in range(self.start, self.stop))
 
     def __len__(self) -> int:
-        return self.stop - self.start
+        return self.stop
 
 
 def main() -> None:

@@ -52,7 +52,10 @@ def _report_failure(exc: BaseException) -> None:
         return
     session_module = sys.modules.get("training_platform.train.session")
     session = session_module.TrainingSession.current if session_module else None
-    if session is not None and not isinstance(exc, SystemExit):
+    if session is None:
+        return
+    session.flush()  # a checkpoint the code saved before it failed is not lost
+    if not isinstance(exc, SystemExit):
         session.reporter.fail(exc)
 
 

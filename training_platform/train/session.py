@@ -285,6 +285,10 @@ class TrainingSession:
             "metrics": metrics,
         }
 
+    def flush(self) -> None:
+        """Wait until every checkpoint in flight is durable (or reported failed); the worker calls it on errors."""
+        self._close_checkpointer()
+
     def _close_checkpointer(self) -> None:
         """Every checkpoint in flight is durable (or reported failed) before the process leaves."""
         if self.dist.is_main and "checkpointer" in self.__dict__:
