@@ -14,7 +14,6 @@ from assets.training import training_run
 
 ALL_ASSETS = [dataset_snapshot, training_run, checkpoints, evaluated_model, registered_model]
 ALL_CHECKS = [*ALERT_CHECKS]  # dataset_snapshot's expectations run inside the (daily partitioned) asset
-RUN_ASSETS = [training_run, checkpoints, evaluated_model, registered_model]
 SWEEP_ASSETS = [sweep]  # own partitions (`sweeps`): kept out of ALL_ASSETS, which the CLI materializes by run
 
-__all__ = ["ALL_ASSETS", "ALL_CHECKS", "RUN_ASSETS", "SWEEP_ASSETS", "daily_snapshots", "sweep_job", "training_runs"]
+__all__ = ["ALL_ASSETS", "ALL_CHECKS", "SWEEP_ASSETS", "daily_snapshots", "sweep_job", "training_runs"]

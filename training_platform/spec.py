@@ -294,16 +294,20 @@ def parse_spec(data: Any, source: str = "spec") -> TrainSpec:
         raise SpecError(format_validation_error(exc, TrainSpec, source)) from None
 
 
+def read_yaml_file(path: Path, kind: str) -> Any:
+    """The parsed YAML (or JSON) of a spec-like file, or a SpecError naming the file and the fix."""
+    if not path.is_file():
+        raise SpecError(f"{kind} file {path} does not exist; pass the path to a YAML {kind} (see examples/)")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML ({exc.__class__.__name__}: {exc}); fix the syntax") from None
+
+
 def load_spec(path: str | Path) -> TrainSpec:
     """Read a YAML (or JSON) spec file and validate it."""
     path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"spec file {path} does not exist; pass the path to a YAML spec (see examples/)")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML ({exc.__class__.__name__}: {exc}); fix the syntax") from None
-    spec = parse_spec(data, source=str(path))
+    spec = parse_spec(read_yaml_file(path, "spec"), source=str(path))
     script = spec.entrypoint.script if spec.entrypoint else None
     if script and not Path(script).is_absolute():
         # Scripts are named relative to the spec that names them, wherever `tp` runs from.

@@ -6,11 +6,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from training_platform.errors import SpecError
-from training_platform.spec import _SLUG, TrainSpec, format_validation_error, parse_spec
+from training_platform.spec import _SLUG, TrainSpec, format_validation_error, parse_spec, read_yaml_file
 
 
 class _Strict(BaseModel):
@@ -153,10 +152,4 @@ def parse_sweep(data: Any, source: str = "sweep") -> SweepSpec:
 
 def load_sweep(path: str | Path) -> SweepSpec:
     path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"sweep file {path} does not exist; pass the path to a sweep YAML (see examples/)")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML ({exc}); fix the syntax") from None
-    return parse_sweep(data, source=str(path))
+    return parse_sweep(read_yaml_file(path, "sweep"), source=str(path))
