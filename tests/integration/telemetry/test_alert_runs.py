@@ -41,7 +41,13 @@ def train(home: Path, run_id: str, max_steps: int, every_steps: int, env: dict[s
             "dataset": {"snapshot_id": snapshot},
             "training": {"max_steps": max_steps, "batch_size": 32, "eval_every": 50, "log_every": 10},
             "resources": {"procs_per_node": 1},
-            "checkpoint": {"every_steps": every_steps, "keep_last": 2, "store_uri": str(home / "checkpoints")},
+            "checkpoint": {
+                "every_steps": every_steps,
+                "keep_last": 2,
+                "store_uri": str(home / "checkpoints"),
+                # synchronous saves: the overhead the alert exists to catch
+                "async_save": False,
+            },
         }
     )
     run_dir = home / "runs" / run_id
