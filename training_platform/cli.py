@@ -337,14 +337,14 @@ def doctor(
 @app.command()
 def sweep(
     sweep_path: Annotated[Path, typer.Argument(help="YAML sweep (see examples/*sweep*.yaml)")],
-    now: Annotated[bool, typer.Option("--now", help="start now even when a cheaper window comes later")] = False,
+    now: Annotated[bool, typer.Option("--now", help="start now even when a deadline leaves a cheaper window")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Run a sweep through Dagster (trials are training_run partitions), or queue it for its cost window."""
-    from datetime import UTC, datetime, timedelta
+    from datetime import UTC, datetime
 
     from training_platform.sweeps import SweepQueue, load_sweep
-    from training_platform.sweeps.queue import sweep_window
+    from training_platform.sweeps.queue import sweep_window, waits_for_window
 
     try:
         home = _home()
@@ -354,7 +354,7 @@ def sweep(
         window = sweep_window(spec)
         queued = SweepQueue(home.root).enqueue(spec, window)
         summary = {"sweep": spec.name, "window": window.as_dict()}
-        if not now and window.start > datetime.now(UTC) + timedelta(minutes=1):
+        if not now and waits_for_window(spec, window, datetime.now(UTC)):
             _sweep_partition(spec.name)
             summary |= {"status": "QUEUED", "release": "the hourly sweep_window_schedule starts it in the window"}
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +103,12 @@ def sweep_window(sweep: SweepSpec, now: datetime | None = None) -> CostWindow:
         gpus=units,
         now=now or datetime.now(UTC),
     )
+
+
+def waits_for_window(sweep: SweepSpec, window: CostWindow, now: datetime) -> bool:
+    """A sweep with a deadline waits for its cheapest window; one without starts now.
+
+    Without a deadline the user has not said how long the results may take, so saving a few cents
+    by starting hours later would be a surprise; the window is still reported beside the run.
+    """
+    return sweep.deadline is not None and window.start > now + timedelta(minutes=1)

@@ -9,7 +9,7 @@ import yaml
 
 from sensors.sweep_windows import sweep_window_schedule
 from training_platform.sweeps import SweepQueue, parse_sweep
-from training_platform.sweeps.queue import sweep_window
+from training_platform.sweeps.queue import sweep_window, waits_for_window
 
 ROOT = Path(__file__).resolve().parents[3]
 MONDAY_PEAK = datetime(2026, 11, 23, 14, tzinfo=UTC)  # Monday 14:00 UTC: US business hours, dear spot
@@ -32,6 +32,15 @@ def test_window_is_after_peak_and_saves_money():
     assert window.start > MONDAY_PEAK and window.end <= MONDAY_PEAK + timedelta(days=2)
     assert window.gpus == 32 and window.gpu_hours == 2 * 2 * 32  # 2 waves of 4 trials x 2 h on 32 GPUs
     assert window.saving > 0
+
+
+def test_only_a_sweep_with_a_deadline_waits_for_its_window():
+    with_deadline = gpu_sweep(MONDAY_PEAK + timedelta(days=2))
+    window = sweep_window(with_deadline, now=MONDAY_PEAK)
+    assert waits_for_window(with_deadline, window, MONDAY_PEAK)
+    assert not waits_for_window(with_deadline, window, window.start)  # the window has opened
+    without = with_deadline.model_copy(update={"deadline": None})
+    assert not waits_for_window(without, sweep_window(without, now=MONDAY_PEAK), MONDAY_PEAK)
 
 
 def test_schedule_releases_only_inside_the_window(tmp_path, monkeypatch):
