@@ -98,15 +98,13 @@ def test_five_sigterms_at_random_steps_lose_nothing_and_resume_exactly(home, uni
     assert [i.lost_steps for i in interruptions] == [0] * 5
 
 
-def _worker_pids(torchrun_group: int) -> list[int]:
+def _worker_pids(job_group: int) -> list[int]:
+    """The ranks: the job's shell runs the agent, whose fork server forks the ranks."""
     import psutil
 
-    children = psutil.Process(torchrun_group).children(recursive=True)
-    return [
-        p.pid
-        for p in children
-        if "training_platform.train" in " ".join(p.cmdline()) and "torch.distributed.run" not in " ".join(p.cmdline())
-    ]
+    (agent,) = psutil.Process(job_group).children()
+    (server,) = [p for p in agent.children() if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+    return [p.pid for p in server.children()]
 
 
 def test_a_dead_rank_restarts_the_group_from_the_newest_checkpoint(home, uninterrupted):

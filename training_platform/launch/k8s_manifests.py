@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from training_platform.errors import SpecError
-from training_platform.launch.base import RunRequest
+from training_platform.launch.base import AGENT_MODULE, RunRequest
 
 SPEC_MOUNT = "/etc/training-platform"
 RDZV_PORT = 29500
@@ -212,7 +212,7 @@ def _pod_template(request: RunRequest, config: KubernetesConfig, name: str, meta
     torchrun = [
         "python",
         "-m",
-        "torch.distributed.run",
+        AGENT_MODULE,
         f"--nnodes={res.nodes}",
         f"--nproc-per-node={res.procs_per_node}",
         f"--max-restarts={config.max_restarts}",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import (
+    AGENT_MODULE,
     PREEMPTED_EXIT_CODE,
     PREEMPTED_MARKER,
     JobHandle,
@@ -56,8 +57,11 @@ class LocalLauncher:
         command = [
             python_executable(),
             "-m",
-            "torch.distributed.run",
-            "--standalone",
+            AGENT_MODULE,
+            # What torchrun's --standalone picks: a rendezvous store this agent hosts on a free port.
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=localhost:0",
+            f"--rdzv-id={request.run_id}",
             f"--nproc-per-node={nproc}",
             # A rank that dies restarts the whole group, which resumes from the newest checkpoint.
             f"--max-restarts={request.spec.preemption.max_restarts}",

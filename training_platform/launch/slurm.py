@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from training_platform.errors import LaunchError
 from training_platform.launch.base import (
+    AGENT_MODULE,
     PREEMPTED_EXIT_CODE,
     PREEMPTED_MARKER,
     JobHandle,
@@ -206,7 +207,7 @@ def render_sbatch(
     torchrun = [
         config.python,
         "-m",
-        "torch.distributed.run",
+        AGENT_MODULE,
         "--nnodes",
         '"$SLURM_NNODES"',
         "--nproc-per-node",

@@ -75,7 +75,9 @@ def test_job_is_an_indexed_gang_for_kueue():
     assert "--nnodes=4 --nproc-per-node=8" in script
     assert script.endswith('-m training_platform.train "$RUN_DIR/spec.json" --run-id gang')
     # The worker writes next to its spec: it runs from a writable copy, not the ConfigMap mount.
-    assert 'cp /etc/training-platform/spec.json "$RUN_DIR/spec.json" && exec python -m torch.distributed.run' in script
+    copy_then_run = 'cp /etc/training-platform/spec.json "$RUN_DIR/spec.json" && exec python -m '
+    copy_then_run += "training_platform.launch.agent"
+    assert copy_then_run in script
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["RUN_DIR"] == "/data/training-platform/runs/gang" and env["TP_HOME"] == "/data/training-platform"
     subprocess.run(["sh", "-n", "-c", script], check=True)

@@ -1,0 +1,88 @@
+"""`python -m training_platform.launch.agent [torchrun flags] -m MODULE ARGS`: torchrun with pre-imported workers.
+
+torchrun starts every worker as a fresh interpreter that imports torch again before its first
+step: 1.5-2 s on a CPU host, paid on every start and every restart after a preemption. This is
+torchrun itself (its flags, elastic agent, rendezvous and restarts) with one difference: the
+workers come from a fork server that imported torch and the worker's modules while the agent
+was starting, so a (re)started group reaches its first step that much sooner.
+
+Why a fork server and not a plain fork of the agent: the agent runs threads (the rendezvous store,
+its keep-alive timer), and a worker forked while one of them held a lock can hang on it forever.
+The fork server is single-threaded and never initializes CUDA, so its children are safe on GPUs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import runpy
+import signal
+import sys
+import traceback
+from multiprocessing import forkserver
+
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
+# What every worker imports before its first step; forked workers find them loaded.
+PRELOADED_MODULES = ["training_platform.train.session", "training_platform.train.loop"]
+
+
+def run_module(module: str, *argv: str) -> None:
+    """One worker: run MODULE as `python -m MODULE ARGV` would, in the forked process."""
+    # The fork server ignores SIGTERM and SIGINT; a worker handles signals like a fresh interpreter.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # torch's wrapper interrupts a worker whose parent (the fork server) dies with SIGINT, which
+    # would abort an emergency checkpoint; SIGTERM is the signal the worker checkpoints and stops on.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    # OpenMP read the fork server's environment when torch loaded there; apply this worker's.
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    sys.argv = [module, *argv]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+        # A clean exit returns: torch's wrapper reports a worker done only when its function returns.
+    except BaseException:
+        traceback.print_exc()  # torch records it to an error file; the run's log shows it too
+        raise
+
+
+def main(argv: list[str] | None = None) -> None:
+    # Started before this process imports torch, so the two imports run side by side. It ignores
+    # SIGTERM (an ignored signal stays ignored across exec): a SIGTERM to the job's process group
+    # must not take it down under workers still writing their emergency checkpoint. It exits
+    # with the agent.
+    multiprocessing.set_forkserver_preload(PRELOADED_MODULES)
+    default_handler = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    forkserver.ensure_running()
+    signal.signal(signal.SIGTERM, default_handler)
+
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    record(_launch)(argv)
+
+
+def _launch(argv: list[str] | None) -> None:
+    from torch.distributed import run as torchrun
+    from torch.distributed.launcher.api import elastic_launch
+
+    args = torchrun.parse_args(argv)
+    if not args.module or args.no_python:
+        raise SystemExit("training_platform.launch.agent runs a module: pass `-m MODULE ARGS` after the flags")
+    if args.standalone:
+        raise SystemExit("use --rdzv-backend=c10d --rdzv-endpoint=localhost:0 --rdzv-id=ID instead of --standalone")
+    args.start_method = "forkserver"
+    config, _, _ = torchrun.config_from_args(args)
+    # By its importable name, not `__main__.run_module`: the fork server unpickles it.
+    from training_platform.launch.agent import run_module as entrypoint
+
+    elastic_launch(config, entrypoint=entrypoint)(args.training_script, *args.training_script_args)
+
+
+if __name__ == "__main__":
+    main()
