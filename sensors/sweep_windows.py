@@ -1,5 +1,6 @@
 """Hourly release of queued sweeps inside their cost window (the cheapest start before the deadline)."""
 
+import os
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -8,11 +9,16 @@ from training_platform.paths import PlatformHome
 from training_platform.sweeps import SweepQueue
 from training_platform.sweeps.queue import queue_tags
 
+# Hourly: price curves change by the hour. TP_SWEEP_RELEASE_CRON overrides it (read when the code loads).
+RELEASE_CRON = os.environ.get("TP_SWEEP_RELEASE_CRON") or "0 * * * *"
+
 
 @dg.schedule(
-    cron_schedule="0 * * * *",
+    cron_schedule=RELEASE_CRON,
     job_name="sweep_job",
     execution_timezone="UTC",
+    # On by default: a queued sweep must start in its window without anyone switching this on.
+    default_status=dg.DefaultScheduleStatus.RUNNING,
     description="Every hour: start the queued sweeps whose cost window has opened; the others keep waiting.",
 )
 def sweep_window_schedule(context: dg.ScheduleEvaluationContext):

@@ -5,18 +5,15 @@ Used by the fairness integration test and by benchmarks/sweeps.py (fairness_jain
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-SHIPPED_INSTANCE = ROOT / "deploy" / "dagster" / "dagster.yaml"
+from tests.fixtures.dagster_daemon import SHIPPED_INSTANCE, daemon_log_tail, running_daemon
+
+__all__ = ["SHIPPED_INSTANCE", "run_fairness"]
+
 LOCATION = Path(__file__).with_name("fairness_location.py")
 
 
@@ -46,24 +43,8 @@ def run_fairness(workdir: Path, seconds: float = 2.0, timeout: float = 420.0) ->
     """Start the daemon on a fresh instance, pull the trigger, wait for all runs, return their intervals."""
     import dagster as dg
 
-    home = workdir / "dagster_home"
-    home.mkdir(parents=True, exist_ok=True)
-    shutil.copy(SHIPPED_INSTANCE, home / "dagster.yaml")
-    (workdir / "workspace.yaml").write_text(
-        f"load_from:\n  - python_file:\n      relative_path: {LOCATION}\n      working_directory: {ROOT}\n"
-    )
     trigger = workdir / "trigger"
-    previous = os.environ.get("DAGSTER_HOME")
-    os.environ["DAGSTER_HOME"] = str(home)
-    # Create the instance's storage before the daemon starts: two processes creating it at once race.
-    dg.DagsterInstance.get().dispose()
-    env = {**os.environ, "DAGSTER_HOME": str(home), "FAIRNESS_TRIGGER": str(trigger)}
-    daemon = subprocess.Popen(
-        [str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w", str(workdir / "workspace.yaml")],
-        cwd=workdir, env=env, stdout=open(workdir / "daemon.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-        start_new_session=True,
-    )
-    try:
+    with running_daemon(workdir, LOCATION, {"FAIRNESS_TRIGGER": str(trigger)}):
         trigger.write_text(str(seconds))
         result = FairnessRun(intervals=defaultdict(list))
         deadline = time.monotonic() + timeout
@@ -80,20 +61,10 @@ def run_fairness(workdir: Path, seconds: float = 2.0, timeout: float = 420.0) ->
                     break
                 time.sleep(0.3)
             else:
-                log = (workdir / "daemon.log").read_text(errors="replace")[-3000:]
-                raise TimeoutError(f"runs did not all finish in {timeout} s; daemon log tail:\n{log}")
+                tail = daemon_log_tail(workdir)
+                raise TimeoutError(f"runs did not all finish in {timeout} s; daemon log tail:\n{tail}")
             for r in records:
                 result.statuses[r.dagster_run.status.value] = result.statuses.get(r.dagster_run.status.value, 0) + 1
                 result.intervals[r.dagster_run.tags["team"]].append((r.start_time, r.end_time))
         result.intervals = dict(result.intervals)
         return result
-    finally:
-        if previous is None:
-            os.environ.pop("DAGSTER_HOME", None)
-        else:
-            os.environ["DAGSTER_HOME"] = previous
-        os.killpg(daemon.pid, signal.SIGTERM)
-        try:
-            daemon.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)
