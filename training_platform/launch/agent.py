@@ -35,6 +35,9 @@ def run_module(module: str, *argv: str) -> None:
     # torch's wrapper interrupts a worker whose parent (the fork server) dies with SIGINT, which
     # would abort an emergency checkpoint; SIGTERM is the signal the worker checkpoints and stops on.
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    # A fork server's child defaults to starting its own processes through the fork server too
+    # (DataLoader workers would then be pickled over to it); start them as a fresh interpreter does.
+    multiprocessing.set_start_method(None, force=True)
     # OpenMP read the fork server's environment when torch loaded there; apply this worker's.
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         import torch
