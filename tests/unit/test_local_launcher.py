@@ -1,9 +1,11 @@
-"""The local launcher's plan and its checks (no processes started)."""
+"""The local launcher's plan, its checks and how it reads a finished job (no training started)."""
+
+import subprocess
 
 import pytest
 
 from training_platform.errors import SpecError
-from training_platform.launch import RunRequest
+from training_platform.launch import JobHandle, JobState, RunRequest
 from training_platform.launch.local import LocalLauncher
 from training_platform.spec import parse_spec
 
@@ -29,3 +31,26 @@ def test_gpus_on_a_cpu_only_machine_are_refused(tmp_path):
 def test_several_nodes_are_refused(tmp_path):
     with pytest.raises(SpecError, match="resources.nodes.*--launcher slurm"):
         LocalLauncher(visible_gpus=0).plan(_request(tmp_path, nodes=2))
+
+
+@pytest.mark.parametrize(
+    ("files", "state"),
+    [
+        ({}, JobState.FAILED),
+        ({"preempted.json": "{}"}, JobState.PREEMPTED),
+        # The workers finished and wrote the result; torchrun was signalled on its way out.
+        ({"result.json": '{"status": "SUCCEEDED"}'}, JobState.SUCCEEDED),
+    ],
+)
+def test_a_nonzero_exit_is_read_with_the_files_the_worker_left(tmp_path, files, state):
+    (tmp_path / "exit_code").write_text("1\n")
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    handle = JobHandle(backend="local", job_id=f"{_dead_pid()}:{tmp_path}", run_id="r-1")
+    assert LocalLauncher(visible_gpus=0).status(handle).state == state
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid

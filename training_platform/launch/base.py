@@ -34,6 +34,8 @@ class JobState(StrEnum):
 PREEMPTED_EXIT_CODE = 75
 # ...and leaves this file in its run directory, since torchrun/srun replace exit codes with their own.
 PREEMPTED_MARKER = "preempted.json"
+# What the worker's main rank writes when the run ends (SUCCEEDED or PRUNED): the run's result.
+RESULT_FILE = "result.json"
 # torchrun with its flags, forking pre-imported workers (see launch/agent.py): every backend runs it.
 AGENT_MODULE = "training_platform.launch.agent"
 

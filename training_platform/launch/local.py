@@ -13,6 +13,7 @@ from training_platform.launch.base import (
     AGENT_MODULE,
     PREEMPTED_EXIT_CODE,
     PREEMPTED_MARKER,
+    RESULT_FILE,
     JobHandle,
     JobState,
     JobStatus,
@@ -79,7 +80,7 @@ class LocalLauncher:
 
     def submit(self, plan: LaunchPlan) -> JobHandle:
         plan.workdir.mkdir(parents=True, exist_ok=True)
-        for stale in (EXIT_CODE_FILE, PREEMPTED_MARKER):
+        for stale in (EXIT_CODE_FILE, PREEMPTED_MARKER, RESULT_FILE):
             (plan.workdir / stale).unlink(missing_ok=True)
         log = open(plan.workdir / LOG_FILE, "ab")  # noqa: SIM115 - handed to the child process
         # A shell records the exit code so status() works from any process, not only this one.
@@ -121,6 +122,9 @@ class LocalLauncher:
         # torchrun reports its own exit status, so the worker also leaves a marker file.
         if code == PREEMPTED_EXIT_CODE or (workdir / PREEMPTED_MARKER).is_file():
             return JobStatus(JobState.PREEMPTED, "worker wrote an emergency checkpoint and exited", code)
+        if (workdir / RESULT_FILE).is_file():
+            # The workers finished, then a SIGTERM (a preemption, a cancel) reached torchrun as it exited.
+            return JobStatus(JobState.SUCCEEDED, f"the run finished; torchrun was then signalled (exit {code})", code)
         log = workdir / LOG_FILE
         cause = last_exception(log.read_text(errors="replace")) if log.is_file() else None
         where = f"torchrun exited with code {code}; see {log}"

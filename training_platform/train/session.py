@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import torch
 
 from training_platform.checkpoints import CheckpointManifest, CheckpointStore, open_store
-from training_platform.launch.base import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
+from training_platform.launch.base import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER, RESULT_FILE
 from training_platform.paths import PlatformHome
 from training_platform.runlog import RunEvents
 from training_platform.spec import TrainSpec, parse_spec
@@ -260,7 +260,7 @@ class TrainingSession:
         result = self._result("SUCCEEDED", final_step, weights_sha256(model_state), metrics)
         self._event("finished", step=final_step)
         if self.dist.is_main:
-            (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
+            (self.run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))
             self.reporter.materialization(_metadata(result) | telemetry_metadata)
             self.reporter.info(f"finished at step {final_step}: weights {result['final_weights_sha256'][:12]}")
         self.reporter.close()
@@ -324,7 +324,7 @@ class TrainingSession:
                 {self.pruning.context.metric: self.pruning.last_value},
             ) | {"pruned_at_step": self.pruning.pruned_at}
             (self.run_dir / PRUNED_MARKER).write_text(json.dumps({"step": step, "at": time.time()}))
-            (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
+            (self.run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))
             self.reporter.materialization(_metadata(result))
             self.reporter.info(f"pruned at step {step}: checkpoint written, trial stopped by the sweep's pruner")
         if self.telemetry is not None:
