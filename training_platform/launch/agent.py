@@ -53,6 +53,11 @@ def run_module(module: str, *argv: str) -> None:
     except BaseException:
         traceback.print_exc()  # torch records it to an error file; the run's log shows it too
         raise
+    finally:
+        # The run's work is over; torch's wrapper still waits for the agent to collect the result.
+        # A SIGTERM now (a preemption just too late) ends the process instead of the worker's
+        # handler noting it and the agent waiting 30 s to SIGKILL it.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def main(argv: list[str] | None = None) -> None:
