@@ -7,6 +7,7 @@ snapshot's shards (``datasets.stream``) through the node-local cache with worker
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -22,6 +23,15 @@ from training_platform.train.session import TrainingSession
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 VAL_BATCHES = 8
+MAX_PREFETCH_WORKERS = 2
+
+
+def prefetch_workers(procs_per_node: int, cores: int | None = None) -> int:
+    """DataLoader processes per rank: up to two where the node has cores to spare, none where every
+    core already runs a rank (there they take CPU from the ranks they feed: 8% slower GPT steps
+    with 2 ranks on 2 cores, at the same data wait)."""
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(0, min(MAX_PREFETCH_WORKERS, cores // procs_per_node - 1))
 
 
 @dataclass
@@ -91,8 +101,10 @@ def _language_model_data(session: TrainingSession, manifest: SnapshotManifest, t
     val_stream = stream("validation", 0, 1)
     val_rows = [val_stream[step] for step in range(min(VAL_BATCHES, val_stream.plan.steps_in_epoch(0)))]
 
+    workers = prefetch_workers(spec.resources.procs_per_node)
+
     def batches(start: int) -> Iterator[Batch]:
-        for rows in batch_loader(train_stream, start, cfg.max_steps, workers=2):
+        for rows in batch_loader(train_stream, start, cfg.max_steps, workers=workers):
             inputs, targets = template.split_batch(rows, spec)
             yield inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
 

@@ -12,6 +12,7 @@ from training_platform.datasets.cache import ShardCache
 from training_platform.datasets.sources import RawSource
 from training_platform.datasets.stream import StepBatches, StreamPlan, batch_loader
 from training_platform.errors import SnapshotError
+from training_platform.train.data import prefetch_workers
 
 ROWS = 5000  # -> 5 train shards of about 700 rows
 
@@ -138,3 +139,9 @@ def test_cache_eviction_keeps_the_newest(snapshot, tmp_path):
 def test_plan_refuses_more_ranks_than_shards(snapshot, tmp_path):
     with pytest.raises(SnapshotError, match="fewer than 9 ranks"):
         _batches(snapshot, tmp_path, 0, 9)
+
+
+def test_prefetch_workers_only_where_cores_are_spare():
+    assert prefetch_workers(procs_per_node=2, cores=2) == 0  # every core runs a rank
+    assert prefetch_workers(procs_per_node=1, cores=2) == 1
+    assert prefetch_workers(procs_per_node=8, cores=96) == 2  # a GPU node: capped
