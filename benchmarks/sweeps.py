@@ -38,12 +38,12 @@ from training_platform.cost import cost_window_for  # noqa: E402
 from training_platform.paths import PlatformHome  # noqa: E402
 from training_platform.sweeps import TrialContext, parse_sweep, run_sweep  # noqa: E402
 from training_platform.sweeps.trial import TrialPruning  # noqa: E402
+from training_platform.train.loop import build_optimizer  # noqa: E402
 
 # The best trials reach 0.97-0.98 in MAX_STEPS; the target takes a search, not luck.
 TARGET_ACCURACY = 0.965
 MAX_STEPS = 810  # rungs at 10, 30, 90, 270 and 810 steps with min_resource 10 and reduction factor 3
 EVAL_EVERY = 10
-OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
 
 def digits_data():
@@ -66,7 +66,7 @@ def in_process_trial(home: PlatformHome, data):
         cfg = spec.training
         torch.manual_seed(cfg.seed)
         model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
-        optimizer = OPTIMIZERS[cfg.optimizer](model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        optimizer = build_optimizer(model.parameters(), cfg)
         generator = torch.Generator().manual_seed(cfg.seed)
         status, step, accuracy = "SUCCEEDED", 0, 0.0
         while step < cfg.max_steps:

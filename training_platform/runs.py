@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from training_platform.errors import SpecError
+from training_platform.launch.base import RESULT_FILE
 from training_platform.paths import PlatformHome
 from training_platform.spec import TrainSpec, parse_spec
 
@@ -41,5 +42,5 @@ def load_run_spec(home: PlatformHome, run_id: str) -> TrainSpec:
 
 
 def read_result(home: PlatformHome, run_id: str) -> dict | None:
-    path: Path = home.run_dir(run_id) / "result.json"
+    path: Path = home.run_dir(run_id) / RESULT_FILE
     return json.loads(path.read_text()) if path.is_file() else None
