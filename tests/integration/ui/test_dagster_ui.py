@@ -167,7 +167,9 @@ def test_training_run_shows_cost_utilization_checks_and_the_loss_curve(browser, 
     text = _open(
         browser,
         f"{ui}/assets/training_run?partition={run_id}",
-        [run_id, "cost_usd", "utilization_pct", "data_wait_fraction", "loss_curve", "utilization_plot", "cost_plot"],
+        # The checks panel renders after the metadata: wait for it too, not only for the metadata.
+        [run_id, "cost_usd", "utilization_pct", "data_wait_fraction", "loss_curve", "utilization_plot", "cost_plot",
+         "Latest check results"],
     )
     assert "Latest check results" in text
     browser.save_screenshot(str(artifacts / "training_run.png"))
