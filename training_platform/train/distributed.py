@@ -105,13 +105,13 @@ def all_gather_objects(obj: object, info: DistInfo) -> list:
     return gathered
 
 
-def any_rank(flag: bool, info: DistInfo) -> bool:
-    """True on every rank when any rank raised the flag (so all ranks stop at the same step)."""
+def max_over_ranks(values: list[float], info: DistInfo) -> list[float]:
+    """Element-wise maximum of `values` over all ranks (the same list on every rank)."""
     if info.world_size == 1:
-        return flag
-    tensor = torch.tensor([1 if flag else 0], device=info.device)
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=info.device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item())
+    return tensor.tolist()
 
 
 def barrier(info: DistInfo) -> None:

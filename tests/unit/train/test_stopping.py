@@ -1,0 +1,67 @@
+"""Ranks agree to stop at one step, checking every few steps (two real gloo processes)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from training_platform.train.distributed import DistInfo
+from training_platform.train.stopping import (
+    CHECK_SECONDS,
+    MAX_STEPS_BETWEEN_CHECKS,
+    StopAgreement,
+    steps_between_checks,
+)
+
+NOTICE_STEP = 40  # rank 1 gets the notice before this step
+STEP_SECONDS = 0.004  # rank 1: 8 ms, so 25 steps fit in CHECK_SECONDS: capped at 20
+
+
+def _rank(rank: int, init_file: str, out: str, every_step: bool) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    info = DistInfo(rank, 2, rank, 2, torch.device("cpu"), "gloo")
+    agreement = StopAgreement(info, every_step=every_step)
+    intervals = []
+    for step in range(1, 2000):
+        time.sleep(STEP_SECONDS * (1 + rank))  # rank 1 is the slow one
+        stop, prune = agreement.poll(stop=rank == 1 and step >= NOTICE_STEP, prune=False)
+        intervals.append(agreement.interval)
+        if stop:
+            break
+    with open(f"{out}.{rank}", "w") as handle:
+        json.dump({"stopped_at": step, "prune": prune, "max_interval": max(intervals)}, handle)
+    dist.destroy_process_group()
+
+
+def _run(tmp_path, every_step: bool) -> list[dict]:
+    out = str(tmp_path / "out")
+    mp.spawn(_rank, args=(str(tmp_path / "init"), out, every_step), nprocs=2)
+    return [json.loads(open(f"{out}.{rank}").read()) for rank in (0, 1)]
+
+
+def test_ranks_stop_together_soon_after_one_of_them_is_told(tmp_path):
+    rank0, rank1 = _run(tmp_path, every_step=False)
+    assert rank0["stopped_at"] == rank1["stopped_at"] >= NOTICE_STEP
+    # Checked every few steps, not every step, and both ranks size the interval alike.
+    assert 1 < rank0["max_interval"] == rank1["max_interval"] <= MAX_STEPS_BETWEEN_CHECKS
+    assert rank0["stopped_at"] - NOTICE_STEP <= rank0["max_interval"]
+    assert not rank0["prune"]
+
+
+def test_trials_agree_on_every_step(tmp_path):
+    rank0, rank1 = _run(tmp_path, every_step=True)
+    assert rank0["stopped_at"] == rank1["stopped_at"] == NOTICE_STEP
+    assert rank0["max_interval"] == 1
+
+
+@pytest.mark.parametrize(
+    ("step_seconds", "steps"),
+    [(CHECK_SECONDS / 10, 10), (CHECK_SECONDS / 1000, MAX_STEPS_BETWEEN_CHECKS), (CHECK_SECONDS * 3, 1), (0.0, 1)],
+)
+def test_steps_between_checks(step_seconds, steps):
+    assert steps_between_checks(step_seconds) == steps

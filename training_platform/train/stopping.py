@@ -1,0 +1,52 @@
+"""Stopping together: a preemption notice or a pruned trial, seen by any rank, stops every rank at one step.
+
+The ranks agree through an all-reduce. One per step cost 6% of a small model's steps on CPU
+(GPT tiny, 2 ranks: 45 -> 48 steps/s without it), so ranks agree every `interval` steps instead,
+chosen so that a notice waits at most about CHECK_SECONDS of training and MAX_STEPS_BETWEEN_CHECKS
+steps (runs of tiny steps stay step-precise; 20 steps already amortize the collective). The
+interval comes from the slowest rank's step time, which the all-reduce itself carries: every rank computes the same
+interval, so all of them reach the next check at the same step. Waiting costs no work (the
+emergency checkpoint is taken at the step where they stop), only that much of the grace period.
+Sweep trials agree every step: a pruned trial's extra steps would be the sweep's wasted compute.
+"""
+
+from __future__ import annotations
+
+import time
+
+from training_platform.train import distributed
+
+CHECK_SECONDS = 0.2
+MAX_STEPS_BETWEEN_CHECKS = 20
+
+
+def steps_between_checks(step_seconds: float, check_seconds: float = CHECK_SECONDS) -> int:
+    """How many steps fit in `check_seconds` at `step_seconds` per step (1 to MAX_STEPS_BETWEEN_CHECKS)."""
+    fit = int(check_seconds / step_seconds) if step_seconds > 0 else 1
+    return min(max(1, fit), MAX_STEPS_BETWEEN_CHECKS)
+
+
+class StopAgreement:
+    def __init__(self, info: distributed.DistInfo, every_step: bool = False):
+        self.info = info
+        self.every_step = every_step
+        self.interval = 1
+        self._steps = 0
+        self._since = time.perf_counter()
+
+    def poll(self, stop: bool, prune: bool) -> tuple[bool, bool]:
+        """(stop, prune) as all ranks agree on them; call once per step on every rank."""
+        if self.info.world_size == 1:
+            return stop or prune, prune
+        self._steps += 1
+        if self._steps < self.interval:
+            return False, False
+        now = time.perf_counter()
+        step_seconds = (now - self._since) / self._steps
+        any_stop, any_prune, slowest = distributed.max_over_ranks(
+            [float(stop or prune), float(prune), step_seconds], self.info
+        )
+        self._steps, self._since = 0, now
+        if not self.every_step:
+            self.interval = steps_between_checks(slowest)
+        return any_stop > 0, any_prune > 0
