@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
@@ -47,6 +47,9 @@ class SaveResult:
     skipped: bool = False
     stall_seconds: float = 0.0
     background_seconds: float = 0.0
+    pruned: list[int] = field(default_factory=list)
+    """steps the writer removed afterwards (retention: `keep_last`)"""
+    prune_error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -114,10 +117,22 @@ class AsyncCheckpointer:
         self._conn: Connection | None = None
         self._pending: SaveResult | None = None
         self._pending_since = 0.0
+        self._writer_ready = False
 
     # ----- public API ------------------------------------------------------------------------
-    def save_async(self, run_id: str, step: int, state: Any, metrics: dict[str, float] | None = None) -> None:
+    def save_async(
+        self,
+        run_id: str,
+        step: int,
+        state: Any,
+        metrics: dict[str, float] | None = None,
+        *,
+        keep_last: int | None = None,
+    ) -> None:
         """Snapshot `state` into the staging buffer and hand it to the writer.
+
+        With `keep_last`, the writer then removes the run's checkpoints beyond the newest
+        `keep_last` (pins kept), so retention's deletes stay off the caller's thread too.
 
         Raises only for the caller's own bugs (an invalid run id, an unsupported type in the
         state); a failed save is reported through `last_error` / `wait()`.
@@ -147,6 +162,7 @@ class AsyncCheckpointer:
             "tensors": layout,
             "metrics": metrics or {},
             "stall_seconds": stall,
+            "keep_last": keep_last,
         }
         self._pending = SaveResult(run_id, step, stall_seconds=stall)
         self._pending_since = time.monotonic()
@@ -232,7 +248,9 @@ class AsyncCheckpointer:
         self._staging = _StagingBuffer(int(size * 1.1) + (1 << 20))
 
     # ----- the writer process ---------------------------------------------------------------------
-    def _ensure_writer(self) -> None:
+    def start_writer(self) -> None:
+        """Start the writer process now, without waiting for it: it gets ready while the caller
+        builds its model, and the first save does not pay for an interpreter start."""
         if self._process is not None and self._process.poll() is None:
             return
         self._stop_writer()
@@ -252,13 +270,21 @@ class AsyncCheckpointer:
         self._conn.send(
             {
                 "storage": self.store.storage,
+                "cold": self.store.cold,
                 "lease_settle_seconds": self.store.lease_settle_seconds,
             }
         )
+        self._writer_ready = False
+
+    def _ensure_writer(self) -> None:
+        self.start_writer()
+        if self._writer_ready:
+            return
         if not self._conn.poll(self.start_timeout):
             self._stop_writer()
             raise CheckpointError(f"the background checkpoint writer did not start in {self.start_timeout} s")
         self._conn.recv()
+        self._writer_ready = True
 
     def _stop_writer(self) -> None:
         if self._conn is not None:
@@ -324,6 +350,7 @@ class AsyncCheckpointer:
             manifest = CheckpointManifest.model_validate_json(reply["manifest"])
             key = f"runs/{manifest.run_id}/{manifest.step:012d}.json"
             result.manifest = manifest.model_copy(update={"uri": f"{reply['uri']}/{key}", "tier": "hot"})
+            result.pruned, result.prune_error = reply.get("pruned", []), reply.get("prune_error")
         else:
             result.error = reply.get("error", "unknown error")
         self._record(result)

@@ -4,6 +4,9 @@ Layout under the store root: see layout.py. Save order: every chunk (skipped whe
 present), then the manifest. A crash at any point leaves either the previous checkpoint or
 the new one visible, never a torn one. Restore verifies the manifest's own hash and every
 chunk's sha256 and falls back to older checkpoints, saying which it skipped and why.
+
+The tensor modules are imported where tensors are read or written: the background writer
+process applies retention through this class and starts without importing torch.
 """
 
 from __future__ import annotations
@@ -23,9 +26,7 @@ from training_platform.checkpoints.layout import (
     step_of_manifest_key,
 )
 from training_platform.checkpoints.manifest import FORMAT_VERSION, CheckpointManifest
-from training_platform.checkpoints.reader import ChunkReader, read_tensors
 from training_platform.checkpoints.retention import GcReport, RetentionPolicy, collect_garbage, steps_to_keep
-from training_platform.checkpoints.serialization import flatten_state, tensor_blob, unflatten_state
 from training_platform.checkpoints.storage import LocalStorage, Storage, validate_key
 from training_platform.checkpoints.writer import LEASE_SETTLE_SECONDS, SaveStats, write_checkpoint
 from training_platform.errors import CheckpointError
@@ -76,6 +77,8 @@ class CheckpointStore:
         stall_seconds: float = 0.0,
     ) -> tuple[CheckpointManifest, SaveStats]:
         """Write a checkpoint synchronously; returns (manifest, stats)."""
+        from training_platform.checkpoints.serialization import flatten_state, tensor_blob
+
         skeleton, tensors = flatten_state(state)
         manifest, stats = write_checkpoint(
             self.storage,
@@ -150,6 +153,9 @@ class CheckpointStore:
                 f"checkpoint {manifest.uri} holds files ({manifest.kind}); restore it with restore_files "
                 "or training_platform.checkpoints.sharded.load_sharded"
             )
+        from training_platform.checkpoints.reader import ChunkReader, read_tensors
+        from training_platform.checkpoints.serialization import unflatten_state
+
         tiers = self._tiers_for(manifest)
         skeleton = ChunkReader(tiers).read(manifest.skeleton) if manifest.skeleton else None
         tensors = read_tensors(tiers, manifest)
@@ -159,6 +165,8 @@ class CheckpointStore:
 
     def restore_files(self, manifest: CheckpointManifest, dest: Path) -> dict[str, Path]:
         """Write a files checkpoint into `dest`, verifying every chunk; returns name -> path."""
+        from training_platform.checkpoints.reader import ChunkReader
+
         self.check_manifest(manifest)
         reader = ChunkReader(self._tiers_for(manifest))
         paths = {}

@@ -18,6 +18,7 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
+from training_platform.checkpoints.store import CheckpointStore
 from training_platform.checkpoints.writer import Blob, write_checkpoint
 
 
@@ -46,6 +47,7 @@ class _Staging:
 def serve(conn: Connection) -> None:
     init = conn.recv()
     storage, settle = init["storage"], init["lease_settle_seconds"]
+    store = CheckpointStore(storage, init.get("cold"), lease_settle_seconds=settle)
     staging = _Staging()
     conn.send({"ready": True, "pid": os.getpid()})
     while True:
@@ -73,12 +75,24 @@ def serve(conn: Connection) -> None:
                 stall_seconds=request["stall_seconds"],
                 lease_settle_seconds=settle,
             )
-            conn.send({"ok": True, "manifest": manifest.model_dump_json(), "uri": storage.uri})
+            reply = {"ok": True, "manifest": manifest.model_dump_json(), "uri": storage.uri}
+            if request.get("keep_last"):
+                reply |= _retain(store, request["run_id"], request["keep_last"])
+            conn.send(reply)
         except Exception as exc:  # reported to the trainer, never raised into its loop
             detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
             conn.send({"ok": False, "error": detail})
         finally:
             del buffer, blobs  # release the staging views so a grown buffer can be remapped
+
+
+def _retain(store: CheckpointStore, run_id: str, keep_last: int) -> dict:
+    """Drop the run's checkpoints beyond the newest `keep_last`, here rather than on the training
+    thread (a delete's directory fsync took 0.2 s there); a failure leaves extra checkpoints only."""
+    try:
+        return {"pruned": store.prune(run_id, keep_last)}
+    except Exception as exc:
+        return {"prune_error": traceback.format_exception_only(type(exc), exc)[-1].strip()}
 
 
 def main() -> None:

@@ -1,16 +1,20 @@
 """The main rank's checkpoint writer: periodic saves in the background, emergency saves waited for.
 
 With `checkpoint.async_save` (the default) the training loop blocks only while the state is
-copied into shared memory; a separate writer process hashes, deduplicates and writes it, so the
-save does not fight the loop for the GIL. At most one save is in flight: a new one waits for it.
+copied into shared memory; a separate writer process hashes, deduplicates and writes it, then
+applies retention (`keep_last`), so the save does not fight the loop for the GIL. At most one
+save is in flight: a new one waits for it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from training_platform.checkpoints import AsyncCheckpointer, CheckpointManifest, CheckpointStore
+
+log = logging.getLogger(__name__)
 
 
 class RunCheckpointer:
@@ -19,23 +23,31 @@ class RunCheckpointer:
         store: CheckpointStore,
         key: str,
         *,
+        keep_last: int,
         background: bool,
         on_saved: Callable[[CheckpointManifest], None],
         on_failed: Callable[[int, str], None],
     ):
         self.store = store
         self.key = key
+        self.keep_last = keep_last
         self.on_saved = on_saved
         self.on_failed = on_failed
         self._saver = AsyncCheckpointer(store, policy="wait") if background else None
         self._seen = 0
 
+    def start(self) -> None:
+        """Start the background writer now, so that the first save does not wait for it to start."""
+        if self._saver is not None:
+            self._saver.start_writer()
+
     def save(self, step: int, state: Any, metrics: dict[str, float] | None, *, wait: bool) -> None:
         if self._saver is None:
             manifest, _ = self.store.save(self.key, step, state, metrics)
+            self.store.prune(self.key, self.keep_last)
             self.on_saved(manifest)
             return
-        self._saver.save_async(self.key, step, state, metrics)
+        self._saver.save_async(self.key, step, state, metrics, keep_last=self.keep_last)
         if wait:
             self._saver.wait()
         self._collect()
@@ -53,6 +65,8 @@ class RunCheckpointer:
 
     def _collect(self) -> None:
         for result in self._saver.results[self._seen :]:
+            if result.prune_error:
+                log.warning("older checkpoints of %s stay: retention failed: %s", self.key, result.prune_error)
             if result.ok:
                 self.on_saved(result.manifest)
             elif not result.skipped:

@@ -96,3 +96,23 @@ def test_caller_bugs_raise_at_once_and_nothing_is_in_flight(store):
         with pytest.raises(TypeError, match="cannot checkpoint"):
             checkpointer.save_async("r", 1, {"x": object()})
         assert not checkpointer.in_flight and checkpointer.wait() is None
+
+
+def test_the_writer_applies_retention_after_publishing(store):
+    store.pin("r", 1, "release candidate")
+    with AsyncCheckpointer(store) as checkpointer:
+        for step in (1, 2, 3, 4):
+            checkpointer.save_async("r", step, state(step), keep_last=2)
+            checkpointer.wait()
+        pruned = [result.pruned for result in checkpointer.results]
+    assert pruned == [[], [], [], [2]]  # the newest two stay, and step 1 because it is pinned
+    assert [m.step for m in store.list("r")] == [1, 3, 4]
+
+
+def test_a_started_writer_is_ready_for_the_first_save(store):
+    with AsyncCheckpointer(store) as checkpointer:
+        checkpointer.start_writer()
+        pid = checkpointer.writer_pid
+        assert pid is not None  # running before any save
+        checkpointer.save_async("r", 1, state(1))
+        assert checkpointer.wait().ok and checkpointer.writer_pid == pid  # the same process saved
