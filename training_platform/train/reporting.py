@@ -2,6 +2,10 @@
 
 Only the main rank reports. Pipes is opened only when the launcher set it up, so the same
 worker runs under Dagster, from a shell, or in a pod without Dagster.
+
+MLflow metrics are buffered and written in one batch every MLFLOW_FLUSH_SECONDS and when the
+run ends: one database transaction per log step cost 5% of a small model's steps. Points keep
+the time they were taken.
 """
 
 from __future__ import annotations
@@ -10,10 +14,12 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from typing import Any
 
 log = logging.getLogger("training_platform.worker")
 PIPES_CONTEXT_ENV_VAR = "DAGSTER_PIPES_CONTEXT"  # dagster_pipes.DAGSTER_PIPES_CONTEXT_ENV_VAR
+MLFLOW_FLUSH_SECONDS = 5.0
 
 
 class Reporter:
@@ -22,6 +28,8 @@ class Reporter:
         self._stack = contextlib.ExitStack()
         self._pipes = None
         self._mlflow = None
+        self._unsent: list[tuple[str, float, int, int]] = []  # metric points not yet in MLflow
+        self._sent_at = time.monotonic()
         self.mlflow_run_id = os.environ.get("MLFLOW_RUN_ID") or None
         if not enabled:
             return
@@ -47,12 +55,18 @@ class Reporter:
         if not self.enabled or not values:
             return
         self.info(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in values.items()))
-        if self._mlflow is not None:
-            from mlflow.entities import Metric
+        if self._mlflow is None:
+            return
+        timestamp = _now_ms()
+        self._unsent.extend((key, float(value), timestamp, step) for key, value in values.items())
+        if time.monotonic() - self._sent_at >= MLFLOW_FLUSH_SECONDS:
+            self.flush_metrics()
 
-            timestamp = _now_ms()
-            batch = [Metric(key, float(value), timestamp, step) for key, value in values.items()]
-            self._mlflow.log_batch(self.mlflow_run_id, metrics=batch, synchronous=True)
+    def flush_metrics(self) -> None:
+        """Write the buffered metric points to MLflow now."""
+        points, self._unsent = self._unsent, []
+        self._sent_at = time.monotonic()
+        self.metric_series(points)
 
     def metric_series(self, points: list[tuple[str, float, int, int]]) -> None:
         """Log (key, value, timestamp ms, step) points to MLflow in batches (system metrics, figures)."""
@@ -74,14 +88,15 @@ class Reporter:
             self._pipes.report_asset_materialization(metadata=metadata)
 
     def close(self) -> None:
+        self.flush_metrics()
         self._stack.close()
 
     def fail(self, exc: BaseException) -> None:
         """Close Pipes with the exception so Dagster shows the user's traceback."""
+        with contextlib.suppress(Exception):  # the user's error matters more than a metric lost
+            self.flush_metrics()
         self._stack.__exit__(type(exc), exc, exc.__traceback__)
 
 
 def _now_ms() -> int:
-    import time
-
     return int(time.time() * 1000)
