@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from training_platform.datasets import stream
 from training_platform.datasets.builder import write_snapshot
 from training_platform.datasets.cache import ShardCache
 from training_platform.datasets.sources import RawSource
@@ -134,6 +135,26 @@ def test_cache_eviction_keeps_the_newest(snapshot, tmp_path):
         cache.path(root, manifest.snapshot_id, ref)
     removed = cache.evict_to(cache.size_bytes() - 1)
     assert removed >= 1 and cache.size_bytes() < sum(r.bytes for r in manifest.splits["train"])
+
+
+def test_decoded_shards_are_kept_within_the_byte_budget(snapshot, tmp_path, monkeypatch):
+    decoded = []
+    real_read = stream.pq.read_table
+    monkeypatch.setattr(stream.pq, "read_table", lambda path, **kw: decoded.append(path) or real_read(path, **kw))
+    roomy = _batches(snapshot, tmp_path, rank=0, world=2)
+    three_epochs = sum(roomy.plan.steps_in_epoch(epoch) for epoch in range(3))
+    for step in range(three_epochs):  # each epoch gives the rank other shards
+        roomy[step]
+    assert len(decoded) == len(set(decoded)) == len(roomy._decoded)  # every shard decoded once, all kept
+
+    decoded.clear()
+    one_shard = max(a.nbytes for a in roomy._decoded.values())
+    tight = _batches(snapshot, tmp_path, rank=0, world=2)
+    tight.keep_bytes = one_shard
+    for step in range(three_epochs):
+        tight[step]
+    assert len(tight._decoded) == 1 and len(decoded) > len(set(decoded))  # evicted, decoded again
+    assert all(np.array_equal(tight[s].numpy(), roomy[s].numpy()) for s in range(three_epochs))
 
 
 def test_plan_refuses_more_ranks_than_shards(snapshot, tmp_path):
