@@ -138,6 +138,15 @@ def promotion_gate(tracking_uri: str, model_name: str, candidate_accuracy: float
     )
 
 
+def model_requirements() -> list[str]:
+    """What a registered model needs to load, pinned. Named rather than inferred: MLflow infers them by
+    loading the model in a subprocess (5 s of every registration here) and lists whatever this
+    process had imported (transformers, lightning, trio)."""
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name)}" for name in ("mlflow", "torch", "numpy", "cloudpickle")]
+
+
 def register_model(
     tracking_uri: str,
     mlflow_run_id: str,
@@ -154,7 +163,9 @@ def register_model(
     mlflow.set_tracking_uri(tracking_uri)
     client = _client(tracking_uri)
     with mlflow.start_run(run_id=mlflow_run_id):
-        info = mlflow.pytorch.log_model(model, name="model", input_example=input_example)
+        info = mlflow.pytorch.log_model(
+            model, name="model", input_example=input_example, pip_requirements=model_requirements()
+        )
     version = mlflow.register_model(info.model_uri, model_name, tags=tags)
     client.set_tag(mlflow_run_id, "candidate_status", "champion" if promote else "rejected")
     if promote:

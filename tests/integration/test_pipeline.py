@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import mlflow
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from training_platform.tracking import CHAMPION_ALIAS, REQUIRED_TAGS
+from training_platform.tracking import CHAMPION_ALIAS, REQUIRED_TAGS, model_requirements
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +82,12 @@ def test_mlflow_run_has_required_tags_metrics_and_champion(demo):
     assert run.info.status == "FINISHED"
     assert len(client.get_metric_history(run.info.run_id, "train_loss")) >= 10
     assert run.data.metrics["test_accuracy"] == pytest.approx(demo["test_accuracy"], abs=1e-4)
-    assert str(client.get_model_version_by_alias(demo["model_name"], CHAMPION_ALIAS).version) == "1"
+    champion = client.get_model_version_by_alias(demo["model_name"], CHAMPION_ALIAS)
+    assert str(champion.version) == "1"
+    # The model names what it needs to load, pinned to what trained it (not everything the process imported).
+    mlflow.set_tracking_uri(demo["tracking_uri"])
+    requirements = Path(mlflow.pyfunc.get_model_dependencies(f"models:/{demo['model_name']}/1")).read_text()
+    assert requirements.split() == model_requirements()
 
 
 def test_identical_retrain_is_registered_but_not_promoted(demo, tp_home):
