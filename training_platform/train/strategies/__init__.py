@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from training_platform.train import distributed
+
 if TYPE_CHECKING:
     from training_platform.train.session import TrainingSession
     from training_platform.train.strategies.base import Strategy
@@ -27,4 +29,6 @@ def build_strategy(session: TrainingSession) -> Strategy:
     if name not in STRATEGIES:
         raise KeyError(f"unknown strategy {name!r}; use one of: {', '.join(STRATEGIES)}")
     module, _, cls = STRATEGIES[name].partition(":")
-    return getattr(importlib.import_module(module), cls)(session)
+    strategy = getattr(importlib.import_module(module), cls)(session)
+    distributed.hold_until_exit(strategy)  # what it wraps holds the process group: see there why
+    return strategy
