@@ -144,7 +144,10 @@ def model_requirements() -> list[str]:
     process had imported (transformers, lightning, trio)."""
     from importlib.metadata import version
 
-    return [f"{name}=={version(name)}" for name in ("mlflow", "torch", "numpy", "cloudpickle")]
+    from packaging.version import Version
+
+    # Public versions: a local label (torch's "+cpu", "+cu128") is not on PyPI, so pip could not install it.
+    return [f"{name}=={Version(version(name)).public}" for name in ("mlflow", "torch", "numpy", "cloudpickle")]
 
 
 def register_model(

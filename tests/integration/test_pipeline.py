@@ -9,6 +9,7 @@ from pathlib import Path
 import dagster as dg
 import mlflow
 import pytest
+import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
@@ -88,6 +89,8 @@ def test_mlflow_run_has_required_tags_metrics_and_champion(demo):
     mlflow.set_tracking_uri(demo["tracking_uri"])
     requirements = Path(mlflow.pyfunc.get_model_dependencies(f"models:/{demo['model_name']}/1")).read_text()
     assert requirements.split() == model_requirements()
+    assert f"torch=={torch.__version__.split('+')[0]}" in requirements.split()  # installable from PyPI
+    assert "lightning" not in requirements and "transformers" not in requirements
 
 
 def test_identical_retrain_is_registered_but_not_promoted(demo, tp_home):

@@ -202,7 +202,8 @@ class AsyncCheckpointer:
     def close(self) -> None:
         """Finish the in-flight save, stop the writer, free the staging buffer."""
         self._collect(block=True)
-        if self._conn is not None and self._process is not None and self._process.poll() is None:
+        # A writer started but never used may still be starting: it is stopped without a word.
+        if self._writer_ready and self._conn is not None and self._process is not None and self._process.poll() is None:
             try:
                 self._conn.send({"op": "stop"})
                 self._conn.recv()

@@ -3,8 +3,9 @@
 Started by AsyncCheckpointer as ``python -m training_platform.checkpoints.writer_process FD``
 (a fresh interpreter, not a fork: it shares no locks, threads or rendezvous ports with the
 trainer, so it works under torchrun). It imports no torch. It reads the snapshot from the
-trainer's memfd staging buffer through /proc, writes chunks and the manifest, and answers
-with the manifest or the error. When the trainer goes away its socket closes and this exits.
+trainer's memfd staging buffer through /proc, writes chunks and the manifest, applies the
+run's retention when asked (`keep_last`), and answers with the manifest or the error. When
+the trainer goes away its socket closes and this exits.
 """
 
 from __future__ import annotations

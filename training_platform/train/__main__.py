@@ -37,6 +37,11 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException as exc:
         _report_failure(exc)
         raise
+    finally:
+        # Metrics still buffered when a script ends without finish() (an early exit, an error) reach MLflow.
+        session = _current_session()
+        if session is not None:
+            session.reporter.flush_metrics()
 
 
 def run_template() -> None:
@@ -50,13 +55,18 @@ def _report_failure(exc: BaseException) -> None:
     """Close Dagster Pipes with the exception so the UI shows the user's traceback."""
     if isinstance(exc, SystemExit) and exc.code in (0, None):
         return
-    session_module = sys.modules.get("training_platform.train.session")
-    session = session_module.TrainingSession.current if session_module else None
+    session = _current_session()
     if session is None:
         return
     session.flush()  # a checkpoint the code saved before it failed is not lost
     if not isinstance(exc, SystemExit):
         session.reporter.fail(exc)
+
+
+def _current_session():
+    """The process's TrainingSession, if the script started one (without importing the SDK otherwise)."""
+    session_module = sys.modules.get("training_platform.train.session")
+    return session_module.TrainingSession.current if session_module else None
 
 
 if __name__ == "__main__":

@@ -63,10 +63,16 @@ class Reporter:
             self.flush_metrics()
 
     def flush_metrics(self) -> None:
-        """Write the buffered metric points to MLflow now."""
-        points, self._unsent = self._unsent, []
+        """Write the buffered metric points to MLflow now; points MLflow does not take stay for the next try."""
         self._sent_at = time.monotonic()
-        self.metric_series(points)
+        if not self._unsent:
+            return
+        try:
+            self.metric_series(self._unsent)
+        except Exception as exc:  # noqa: BLE001 - an MLflow outage must not stop training (or its emergency exit)
+            log.warning("MLflow did not take %d metric points (%s); retried at the next flush", len(self._unsent), exc)
+            return
+        self._unsent = []
 
     def metric_series(self, points: list[tuple[str, float, int, int]]) -> None:
         """Log (key, value, timestamp ms, step) points to MLflow in batches (system metrics, figures)."""
@@ -88,14 +94,17 @@ class Reporter:
             self._pipes.report_asset_materialization(metadata=metadata)
 
     def close(self) -> None:
-        self.flush_metrics()
-        self._stack.close()
+        try:
+            self.flush_metrics()
+        finally:
+            self._stack.close()
 
     def fail(self, exc: BaseException) -> None:
         """Close Pipes with the exception so Dagster shows the user's traceback."""
-        with contextlib.suppress(Exception):  # the user's error matters more than a metric lost
+        try:
             self.flush_metrics()
-        self._stack.__exit__(type(exc), exc, exc.__traceback__)
+        finally:
+            self._stack.__exit__(type(exc), exc, exc.__traceback__)
 
 
 def _now_ms() -> int:

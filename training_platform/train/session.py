@@ -84,8 +84,6 @@ class TrainingSession:
         session.telemetry = WorkerTelemetry.start(
             spec, run_id, spec_path.parent, info.rank, info.local_rank, info.local_world_size
         )
-        if info.is_main:
-            session.checkpointer.start()  # the writer process starts while the model is built
         session._event(
             "started",
             world_size=info.world_size,

@@ -32,7 +32,7 @@ class StopAgreement:
         self.every_step = every_step
         self.interval = 1
         self._steps = 0
-        self._since = time.perf_counter()
+        self._since: float | None = None  # the last check; the first poll checks at once and starts timing
 
     def poll(self, stop: bool, prune: bool) -> tuple[bool, bool]:
         """(stop, prune) as all ranks agree on them; call once per step on every rank."""
@@ -42,7 +42,7 @@ class StopAgreement:
         if self._steps < self.interval:
             return False, False
         now = time.perf_counter()
-        step_seconds = (now - self._since) / self._steps
+        step_seconds = (now - self._since) / self._steps if self._since is not None else 0.0  # 0: check every step
         any_stop, any_prune, slowest = distributed.max_over_ranks(
             [float(stop or prune), float(prune), step_seconds], self.info
         )

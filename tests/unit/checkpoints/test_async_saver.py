@@ -116,3 +116,11 @@ def test_a_started_writer_is_ready_for_the_first_save(store):
         assert pid is not None  # running before any save
         checkpointer.save_async("r", 1, state(1))
         assert checkpointer.wait().ok and checkpointer.writer_pid == pid  # the same process saved
+
+
+def test_closing_a_writer_that_never_saved_does_not_wait_for_it(store):
+    checkpointer = AsyncCheckpointer(store)
+    checkpointer.start_writer()
+    process = checkpointer._process
+    checkpointer.close()  # at once: the writer may still be importing
+    assert process.poll() is not None and checkpointer.writer_pid is None

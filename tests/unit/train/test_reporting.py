@@ -49,3 +49,20 @@ def test_a_failing_run_still_writes_its_metrics(mlflow_run, monkeypatch):
     reporter.metrics(5, {"train_loss": 3.0})
     reporter.fail(RuntimeError("user code failed"))
     assert [m.value for m in client.get_metric_history(run_id, "train_loss")] == [3.0]
+
+
+def test_points_mlflow_refuses_are_kept_and_written_later(mlflow_run, monkeypatch):
+    client, run_id = mlflow_run
+    monkeypatch.setattr(reporting, "MLFLOW_FLUSH_SECONDS", 0.0)
+    reporter = Reporter(enabled=True)
+    real_log_batch = reporter._mlflow.log_batch
+
+    def outage(*args, **kwargs):
+        raise ConnectionError("tracking server unreachable")
+
+    monkeypatch.setattr(reporter._mlflow, "log_batch", outage)
+    reporter.metrics(1, {"train_loss": 2.0})  # training goes on through the outage
+    monkeypatch.setattr(reporter._mlflow, "log_batch", real_log_batch)
+    reporter.metrics(2, {"train_loss": 1.0})
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(1, 2.0), (2, 1.0)]
+    reporter.close()

@@ -36,7 +36,7 @@ class PlatformCallback(L.Callback):
 
     def on_train_start(self, trainer, pl_module):
         # Lightning installs its own SIGTERM handler at fit start; the platform's must win, so that a
-        # notice becomes "checkpoint at the next step boundary, then exit for requeue".
+        # notice becomes "checkpoint at a step boundary (ranks agree within ~0.2 s), then exit for requeue".
         self.session.take_signals()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):

@@ -21,6 +21,8 @@ class DDPStrategy(Strategy):
         self.optimizer = make_optimizer(self.module.parameters())
         # One process needs no wrapper; DDP's construction broadcast would be a no-op anyway.
         self._wrapped = DistributedDataParallel(self.module) if self.session.dist.world_size > 1 else self.module
+        if self.session.dist.is_main:  # saves go through the session's checkpointer: its writer starts now
+            self.session.checkpointer.start()
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         return self._wrapped(*inputs)
