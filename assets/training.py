@@ -11,7 +11,6 @@ from training_platform.attempts import begin_attempt, finish_attempt
 from training_platform.cost.accounting import record_run_cost
 from training_platform.errors import SpecError
 from training_platform.launch import JobState, RunRequest
-from training_platform.launch.base import RESULT_FILE
 from training_platform.lineage import LineageKey, environment_lock
 from training_platform.preemption import summarize
 from training_platform.preflight import preflight
@@ -83,7 +82,6 @@ def training_run(
     mlflow_run_id = tracking.start_run(tracking_uri, home.mlflow_artifacts, spec, tags)
     context.log.info(f"MLflow run {mlflow_run_id} in experiment {tracking.experiment_name(spec)}")
 
-    (run_dir / RESULT_FILE).unlink(missing_ok=True)
     request = RunRequest(
         spec=spec,
         run_id=run_id,

@@ -54,3 +54,9 @@ def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+def test_a_new_attempt_does_not_inherit_the_last_attempts_result(tmp_path):
+    (tmp_path / "result.json").write_text('{"status": "SUCCEEDED"}')
+    spec_path = _request(tmp_path).write_spec()
+    assert spec_path.is_file() and not (tmp_path / "result.json").exists()

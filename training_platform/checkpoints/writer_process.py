@@ -81,19 +81,22 @@ def serve(conn: Connection) -> None:
                 reply |= _retain(store, request["run_id"], request["keep_last"])
             conn.send(reply)
         except Exception as exc:  # reported to the trainer, never raised into its loop
-            detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            conn.send({"ok": False, "error": detail})
+            conn.send({"ok": False, "error": _describe(exc)})
         finally:
             del buffer, blobs  # release the staging views so a grown buffer can be remapped
 
 
 def _retain(store: CheckpointStore, run_id: str, keep_last: int) -> dict:
     """Drop the run's checkpoints beyond the newest `keep_last`, here rather than on the training
-    thread (a delete's directory fsync took 0.2 s there); a failure leaves extra checkpoints only."""
+    thread (one prune took 0.2 s there); a failure leaves extra checkpoints only."""
     try:
         return {"pruned": store.prune(run_id, keep_last)}
     except Exception as exc:
-        return {"prune_error": traceback.format_exception_only(type(exc), exc)[-1].strip()}
+        return {"prune_error": _describe(exc)}
+
+
+def _describe(exc: Exception) -> str:
+    return traceback.format_exception_only(type(exc), exc)[-1].strip()
 
 
 def main() -> None:

@@ -54,7 +54,9 @@ class RunRequest:
         return self.run_dir / "spec.json"
 
     def write_spec(self) -> Path:
+        """Write the resolved spec for a new attempt; a result left by an earlier one is removed."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / RESULT_FILE).unlink(missing_ok=True)
         self.spec_path.write_text(self.spec.model_dump_json(indent=2))
         return self.spec_path
 
