@@ -114,17 +114,6 @@ def max_over_ranks(values: list[float], info: DistInfo) -> list[float]:
     return tensor.tolist()
 
 
-def hold_until_exit(holder: object) -> None:
-    """Keep an object that holds the process group (DDP's Reducer, FSDP's mesh, DeepSpeed's engine)
-    alive until the process exits (forked workers leave with os._exit, freeing nothing).
-
-    Freed after destroy_process_group(), it destroys the gloo group itself with the GIL held, while
-    gloo's worker thread, holding the group's lock, waits for the GIL to free a finished collective:
-    a deadlock (pytorch/pytorch#56297), seen here as rank 0 hanging after "finished at step 600".
-    """
-    _HELD_UNTIL_EXIT.append(holder)
-
-
 _HELD_UNTIL_EXIT: list[object] = []
 
 
@@ -134,5 +123,11 @@ def barrier(info: DistInfo) -> None:
 
 
 def shutdown() -> None:
+    """Leave the process group. The group object itself is kept until the process exits (forked
+    workers leave with os._exit, freeing nothing): otherwise the last holder of it, DDP's Reducer
+    (the loop's or a user script's), frees it later with the GIL held, and its destructor waits for
+    gloo's worker thread, which waits for the GIL to free a finished collective: a deadlock
+    (pytorch/pytorch#56297), seen here twice as rank 0 hanging after "finished"."""
     if dist.is_initialized():
+        _HELD_UNTIL_EXIT.append(dist.group.WORLD)
         dist.destroy_process_group()

@@ -10,8 +10,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from training_platform.train import distributed
-
 if TYPE_CHECKING:
     from training_platform.train.session import TrainingSession
     from training_platform.train.strategies.base import Strategy
@@ -29,6 +27,4 @@ def build_strategy(session: TrainingSession) -> Strategy:
     if name not in STRATEGIES:
         raise KeyError(f"unknown strategy {name!r}; use one of: {', '.join(STRATEGIES)}")
     module, _, cls = STRATEGIES[name].partition(":")
-    strategy = getattr(importlib.import_module(module), cls)(session)
-    distributed.hold_until_exit(strategy)  # what it wraps holds the process group: see there why
-    return strategy
+    return getattr(importlib.import_module(module), cls)(session)
