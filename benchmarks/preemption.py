@@ -1,12 +1,14 @@
 """Preemption benchmark: the same run uninterrupted and SIGTERM-preempted every N seconds, side by side.
 
+A spot run on the local launcher (spot runs keep a warm standby: launch/standby.py), 2 ranks, digits.
 Prints `name: value` lines:
   goodput                   wall time uninterrupted / wall time preempted (resubmitted at once, as a requeue)
   lost_steps_per_preemption steps redone after each preemption (SIGTERM with a grace period)
   recovery_seconds          median from the signal to the first resumed training step
-  weights_equal             whether both runs ended with bitwise the same weights
+  weights_equal             whether the runs ended with bitwise the same weights
+  detail_cold_*             the same pair with the standby off (resources.spot: false): cold requeues
 
-Usage: python benchmarks/preemption.py [--interval 20] [--steps 20000]   # about 2 minutes here
+Usage: python benchmarks/preemption.py [--interval 20] [--steps 20000]   # about 4 minutes here
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fixtures.worker import job_pid, launch, wait  # noqa: E402
+from tests.fixtures.worker import job_pid, launch  # noqa: E402
 from training_platform.datasets import build_snapshot  # noqa: E402
 from training_platform.launch import JobState  # noqa: E402
 from training_platform.launch.local import LocalLauncher  # noqa: E402
@@ -39,13 +41,13 @@ def run(home: Path, run_id: str, spec, interval: float | None) -> tuple[float, i
     preemptions = 0
     while True:
         handle = launch(home, run_id, spec, launcher)
-        attempt_started = time.monotonic()
-        while interval is not None and not launcher.status(handle).state.finished:
-            if time.monotonic() - attempt_started >= interval:
+        attempt_started, signalled = time.monotonic(), False
+        # Polled finely: the requeue follows the job's end at once, as an engine's requeue would.
+        while not (status := launcher.status(handle)).state.finished and status.state != JobState.PREEMPTED:
+            if interval is not None and not signalled and time.monotonic() - attempt_started >= interval:
                 os.killpg(job_pid(handle), signal.SIGTERM)
-                break
-            time.sleep(0.05)
-        status = wait(launcher, handle, timeout=3600)
+                signalled = True
+            time.sleep(0.01)
         if status.state == JobState.SUCCEEDED:
             return time.monotonic() - started, preemptions
         if status.state != JobState.PREEMPTED:
@@ -67,6 +69,7 @@ def main() -> None:
             "owner": "bench",
             "dataset": {"snapshot_id": snapshot},
             "training": {"max_steps": args.steps, "batch_size": 32, "eval_every": 2000, "log_every": 100},
+            "resources": {"spot": True},  # as runs on spot capacity are: requeues start from a warm standby
             "checkpoint": {"every_steps": 2000, "keep_last": 2, "store_uri": str(home / "checkpoints")},
         }
     )
@@ -74,18 +77,29 @@ def main() -> None:
     preempted_seconds, preemptions = run(home, "preempted", spec, args.interval)
     summary = summarize(RunEvents(home / "runs" / "preempted").read())
     lost = [i.lost_steps for i in summary.interruptions if i.lost_steps is not None]
-    recoveries = summary.recovery_seconds
-    results = {
+    # The same pair without the standby (resources.spot off): every requeue starts cold.
+    cold = spec.model_copy(update={"resources": spec.resources.model_copy(update={"spot": False})})
+    cold_straight_seconds, _ = run(home, "cold-straight", cold, None)
+    cold_preempted_seconds, _ = run(home, "cold-preempted", cold, args.interval)
+    cold_summary = summarize(RunEvents(home / "runs" / "cold-preempted").read())
+    weights = {
         name: json.loads((home / "runs" / name / "result.json").read_text())["final_weights_sha256"]
-        for name in ("straight", "preempted")
+        for name in ("straight", "preempted", "cold-preempted")
     }
     print(f"uninterrupted_seconds: {straight_seconds:.1f}")
     print(f"preempted_seconds: {preempted_seconds:.1f}")
     print(f"preemptions: {preemptions}")
     print(f"goodput: {straight_seconds / preempted_seconds:.3f}")
     print(f"lost_steps_per_preemption: {statistics.mean(lost) if lost else 0:.2f}")
-    print(f"recovery_seconds: {statistics.median(recoveries) if recoveries else float('nan'):.2f}")
-    print(f"weights_equal: {results['straight'] == results['preempted']}")
+    print(f"recovery_seconds: {_median(summary.recovery_seconds):.2f}")
+    print(f"weights_equal: {len(set(weights.values())) == 1}")
+    print(f"detail_cold_goodput: {cold_straight_seconds / cold_preempted_seconds:.3f}")
+    print(f"detail_cold_recovery_seconds: {_median(cold_summary.recovery_seconds):.2f}")
+    print(f"detail_cold_seconds: [{cold_straight_seconds:.1f}, {cold_preempted_seconds:.1f}]")
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
 
 
 if __name__ == "__main__":

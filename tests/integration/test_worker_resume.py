@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.worker import job_pid, launch, train, wait, wait_for_step
+from tests.fixtures.worker import job_pid, launch, train, wait, wait_for_step, wait_until
 from training_platform.checkpoints import open_store
 from training_platform.datasets import build_snapshot
-from training_platform.launch import JobState
+from training_platform.launch import JobState, standby
 from training_platform.launch.local import LOG_FILE, LocalLauncher
 from training_platform.preemption import summarize
 from training_platform.runlog import RunEvents
@@ -96,6 +96,36 @@ def test_five_sigterms_at_random_steps_lose_nothing_and_resume_exactly(home, uni
     interruptions = summarize(RunEvents(home / "runs" / "preempted").read()).interruptions
     assert [i.kind for i in interruptions] == ["preempted"] * 5
     assert [i.lost_steps for i in interruptions] == [0] * 5
+
+
+def test_a_spot_runs_requeues_start_from_its_warm_standby_and_resume_exactly(home):
+    """Spot runs keep a warm standby (launch/standby.py): once it is loaded, requeues are forked by it."""
+    spec = _spec(home, max_steps=2500).model_copy(
+        update={
+            "resources": _spec(home).resources.model_copy(update={"spot": True}),
+            "checkpoint": _spec(home).checkpoint.model_copy(update={"every_steps": 500}),
+        }
+    )
+    launcher = LocalLauncher(visible_gpus=0)
+    run_dir = home / "runs" / "spot"
+    standby_log = run_dir / standby.LOG_FILE
+    preempted = 0
+    for attempt in range(2):
+        handle = launch(home, "spot", spec, launcher)
+        wait_for_step(home, "spot", preempted + 1)
+        if attempt == 1:
+            # Requeued while the standby was still loading, attempt 2 started cold; the standby follows it.
+            wait_until(lambda: "following attempt" in standby_log.read_text(), what="standby following attempt 2")
+        os.killpg(job_pid(handle), signal.SIGTERM)
+        assert wait(launcher, handle).state == JobState.PREEMPTED, (run_dir / LOG_FILE).read_text()[-3000:]
+        preempted = [e["step"] for e in RunEvents(run_dir).read() if e["kind"] == "preempted"][-1]
+    resumed = train(home, "spot", spec, launcher)
+    assert standby_log.read_text().count("forked agent") == 1  # the third attempt
+    straight = train(home, "spot-straight", spec.model_copy(update={"resources": _spec(home).resources}))
+    assert resumed["final_weights_sha256"] == straight["final_weights_sha256"]
+    assert [i.lost_steps for i in summarize(RunEvents(run_dir).read()).interruptions] == [0, 0]
+    # The run is over: its standby has left.
+    wait_until(lambda: not standby.running(run_dir), what="standby gone after the run")
 
 
 def _worker_pids(job_group: int) -> list[int]:

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from training_platform.errors import LaunchError, SpecError
+from training_platform.launch import standby
 from training_platform.launch.base import (
     AGENT_MODULE,
     PREEMPTED_EXIT_CODE,
@@ -55,6 +56,10 @@ class LocalLauncher:
     def plan(self, request: RunRequest) -> LaunchPlan:
         self._check(request.spec.resources.nodes, request.spec.resources.gpus_per_node)
         nproc = request.spec.resources.procs_per_node
+        env = dict(request.env)
+        if request.spec.resources.spot:
+            # Spot runs expect preemptions: their requeues start from a warm standby (standby.py).
+            env[standby.STANDBY_ENV] = "1"
         command = [
             python_executable(),
             "-m",
@@ -73,7 +78,7 @@ class LocalLauncher:
             backend=self.name,
             run_id=request.run_id,
             command=command,
-            env=dict(request.env),
+            env=env,
             workdir=request.run_dir,
             resources={"nodes": 1, "procs_per_node": nproc, "gpus_per_node": request.spec.resources.gpus_per_node},
         )
@@ -91,11 +96,12 @@ class LocalLauncher:
             'while :; do wait "$child"; code=$?; kill -0 "$child" 2>/dev/null || break; done; '
             f'echo "$code" > {EXIT_CODE_FILE}'
         )
+        env = {**os.environ, **plan.env}
         try:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", script, "sh", *plan.command],
                 cwd=plan.workdir,
-                env={**os.environ, **plan.env},
+                env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -105,6 +111,10 @@ class LocalLauncher:
         finally:
             log.close()
         self._procs[str(proc.pid)] = proc
+        if standby.STANDBY_ENV in plan.env:
+            (plan.workdir / standby.JOB_PID_FILE).write_text(str(proc.pid))
+            if not standby.running(plan.workdir):
+                standby.spawn(plan.workdir, proc.pid, env)
         return JobHandle(backend=self.name, job_id=f"{proc.pid}:{plan.workdir}", run_id=plan.run_id)
 
     def status(self, handle: JobHandle) -> JobStatus:
@@ -131,7 +141,8 @@ class LocalLauncher:
         return JobStatus(JobState.FAILED, f"{cause} ({where})" if cause else where, code)
 
     def cancel(self, handle: JobHandle) -> None:
-        pid, _ = _parse(handle)
+        pid, workdir = _parse(handle)
+        standby.stop(workdir)  # a cancelled run is not requeued: its standby need not wait
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
 

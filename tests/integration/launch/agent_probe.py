@@ -1,25 +1,41 @@
-"""Run by the agent test as a worker module: writes what a worker sees, or fails when asked to."""
+"""Run by the agent tests as a worker module: writes what a worker sees, fails, or waits when asked to."""
 
 import json
 import multiprocessing
 import os
 import signal
 import sys
+import time
 
 import torch
 
 if sys.argv[1:] == ["--fail"]:
     raise ValueError("probe asked to fail")
 out = os.path.join(os.environ["PROBE_DIR"], f"rank{os.environ['RANK']}.json")
-with open(out, "w") as handle:
-    json.dump(
-        {
-            "argv": sys.argv[1:],
-            "start_method": multiprocessing.get_start_method(),
-            "threads": torch.get_num_threads(),
-            "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
-            "cuda_initialized": torch.cuda.is_initialized(),
-            "world_size": int(os.environ["WORLD_SIZE"]),
-        },
-        handle,
-    )
+
+
+def _terminated(signum, frame):
+    with open(out + ".terminated", "w") as handle:
+        handle.write(str(signum))
+    sys.exit(43)
+
+
+if sys.argv[1:] == ["--wait"]:  # until SIGTERM, which it records
+    signal.signal(signal.SIGTERM, _terminated)
+seen = {
+    "argv": sys.argv[1:],
+    "pid": os.getpid(),
+    "ppid": os.getppid(),
+    "cwd": os.getcwd(),
+    "start_method": multiprocessing.get_start_method(),
+    "threads": torch.get_num_threads(),
+    "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+    "cuda_initialized": torch.cuda.is_initialized(),
+    "world_size": int(os.environ["WORLD_SIZE"]),
+}
+with open(out + ".tmp", "w") as handle:
+    json.dump(seen, handle)
+os.replace(out + ".tmp", out)
+print(f"probe rank {os.environ['RANK']} on stdout", flush=True)
+while sys.argv[1:] == ["--wait"]:
+    time.sleep(60)

@@ -1,0 +1,107 @@
+"""A spot run's warm standby (launch/standby.py): attempts it forks behave as cold ones, and it leaves."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.fixtures.worker import wait_until
+from training_platform.launch import standby
+from training_platform.launch.base import PREEMPTED_MARKER
+from training_platform.runlog import RunEvents
+
+pytestmark = pytest.mark.integration
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """A standby for a run directory, started beside a stand-in attempt, loaded once that attempt trains."""
+    run_dir = tmp_path_factory.mktemp("run")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+    env.pop("OMP_NUM_THREADS", None)
+    attempt = subprocess.Popen(["sleep", "600"])
+    standby.spawn(run_dir, attempt.pid, env)
+    wait_until(lambda: standby.running(run_dir), what="standby bound")
+    RunEvents(run_dir).append("first_step")
+    log = run_dir / standby.LOG_FILE
+    wait_until(lambda: "ready in" in log.read_text(), what="standby ready")
+    yield run_dir, attempt, env
+    attempt.kill()
+    standby.stop(run_dir)
+
+
+def _agent(run_dir: Path, env: dict, *module_args: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "training_platform.launch.agent", "--nproc-per-node=2",
+               "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--rdzv-id=probe", "-m", "agent_probe",
+               *module_args]
+    env = {**env, standby.STANDBY_ENV: "1", "PROBE_DIR": str(run_dir)}
+    out = open(run_dir / "agent.log", "w")  # noqa: SIM115 - the agent's stdout, as the launcher's log file
+    return subprocess.Popen(command, cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _ranks(run_dir: Path) -> list[dict]:
+    wait_until(lambda: all((run_dir / f"rank{r}.json").is_file() for r in (0, 1)), what="both ranks started")
+    ranks = [json.loads((run_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for r in (0, 1):
+        (run_dir / f"rank{r}.json").unlink()
+    return ranks
+
+
+def _standby_pid(run_dir: Path) -> int:
+    return int((run_dir / standby.LOG_FILE).read_text().split("standby ", 1)[1].split(":", 1)[0])
+
+
+def test_the_standby_forks_the_agent_and_ranks_as_the_job_started_them(warm):
+    run_dir, _, env = warm
+    agent = _agent(run_dir, env, "--greeting", "hello")
+    assert agent.wait(timeout=120) == 0, (run_dir / "agent.log").read_text()[-3000:]
+    for seen in _ranks(run_dir):
+        assert seen["ppid"] == _standby_pid(run_dir)  # forked warm, not started cold
+        assert seen["argv"] == ["--greeting", "hello"] and seen["world_size"] == 2
+        assert seen["cwd"] == str(run_dir) and seen["start_method"] == "fork"
+        assert seen["threads"] == 1 and seen["sigterm_default"] and not seen["cuda_initialized"]
+    # Their stdout is the job's log, as a cold rank's would be.
+    assert "probe rank 0 on stdout" in (run_dir / "agent.log").read_text()
+
+
+def test_a_sigterm_reaches_the_forked_ranks_and_a_failure_keeps_its_status(warm):
+    run_dir, _, env = warm
+    agent = _agent(run_dir, env, "--wait")
+    ranks = _ranks(run_dir)
+    agent.send_signal(signal.SIGTERM)
+    assert agent.wait(timeout=120) != 0  # torchrun ends a signalled job as failed, cold or warm
+    for r in (0, 1):  # each rank's own SIGTERM handler ran: an emergency checkpoint would have been taken
+        assert (run_dir / f"rank{r}.json.terminated").read_text() == str(int(signal.SIGTERM))
+    assert not any(psutil.pid_exists(seen["pid"]) for seen in ranks)
+
+    failing = _agent(run_dir, env, "--fail")
+    assert failing.wait(timeout=120) != 0
+    assert "ValueError: probe asked to fail" in (run_dir / "agent.log").read_text()
+
+
+def test_a_sigkilled_job_takes_what_the_standby_forked_with_it(warm):
+    run_dir, _, env = warm
+    agent = _agent(run_dir, env, "--wait")
+    forked = [psutil.Process(seen["pid"]) for seen in _ranks(run_dir)]
+    agent.kill()
+    agent.wait()
+    _, alive = psutil.wait_procs(forked, timeout=30)
+    assert not alive
+
+
+def test_it_waits_for_a_preempted_runs_requeue_and_leaves_when_stopped(warm):
+    run_dir, attempt, _ = warm
+    log = run_dir / standby.LOG_FILE
+    (run_dir / PREEMPTED_MARKER).write_text("{}")
+    attempt.kill()  # the attempt that started it ends preempted: it stays for the requeue
+    wait_until(lambda: "waiting up to" in log.read_text(), what="standby waiting for the requeue")
+    assert standby.running(run_dir)
+    standby.stop(run_dir)
+    wait_until(lambda: not standby.running(run_dir), what="standby gone")
+    assert log.read_text().rstrip().endswith("left")

@@ -1,0 +1,423 @@
+"""A warm standby for a spot run on the local launcher: the attempt after a preemption starts warm.
+
+A cold attempt spends ~2.5 s here importing torch (the agent and its fork server) before any rank
+starts; a run preempted every 20 s loses a tenth of its time that way. For runs on spot capacity
+the local launcher therefore starts one standby process per run directory. Once the run trains,
+the standby imports what the agent and the workers import and waits, single-threaded, on a Unix
+socket. A requeued attempt's agent finds it and, instead of starting cold, asks it to fork the
+agent; that agent asks it in turn to fork each worker.
+
+A forked process takes the requesting process's environment, working directory and
+stdin/stdout/stderr, so it is the process the launcher (or torchrun) started in all but its pid.
+The requester waits for it, forwards SIGTERM/SIGINT/SIGHUP to it, and ends as it ends; if the
+requester dies, the standby kills what it forked (a SIGKILL of the job reaches everything).
+
+The standby leaves when the run no longer needs it: when an attempt ends other than preempted, when
+no attempt comes within IDLE_SECONDS of a preemption, or when the launcher cancels the run.
+
+This module is imported by the requesters, which start as bare interpreters: it imports nothing
+heavy at module level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from training_platform.runlog import EVENTS_FILE
+
+# Set (by LocalLauncher, for spot runs) in a job's environment: its agent looks for a standby.
+STANDBY_ENV = "TP_WARM_STANDBY"
+# How long a standby waits for the requeue after a preemption (a Dagster sensor tick is 10-30 s).
+IDLE_SECONDS = 300.0
+# What the agent imports, besides what its workers import (agent.PRELOADED_MODULES).
+AGENT_MODULES = ["torch.distributed.run", "torch.distributed.launcher.api", "training_platform.launch.agent"]
+LOG_FILE = "standby.log"
+JOB_PID_FILE = "job.pid"  # written by the launcher at each submit: the attempt's process
+_HEADER = struct.Struct("!I")
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
+_FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def address(run_dir: Path) -> str:
+    """The standby's socket, in the abstract namespace: no file to clean up, no path-length limit."""
+    key = f"{os.path.realpath(run_dir)}\0{sys.executable}"
+    return "\0training-platform-standby-" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def running(run_dir: Path) -> bool:
+    """Whether the run has a standby (loading or ready): its socket is bound."""
+    name = "@" + address(run_dir)[1:]
+    with open("/proc/net/unix") as sockets:
+        return any(line.rstrip("\n").endswith(" " + name) for line in sockets)
+
+
+# ----- requesters -------------------------------------------------------------------------------
+def run_in_standby(run_dir: Path, role: str, argv: list[str]) -> int | None:
+    """Have the run's standby fork ROLE with ARGV as this process; its exit status, or None if no standby.
+
+    A negative status is the signal that ended it (as subprocess reports it).
+    """
+    connection = _connect(run_dir)
+    if connection is None:
+        return None
+    # Installed before the request: a signal that arrives before the pid does is forwarded once it does.
+    forked: list[int] = []
+    pending: list[int] = []
+    for signum in _FORWARDED_SIGNALS:
+        signal.signal(signum, lambda signum, _frame: _forward(forked, pending, signum))
+    with connection:
+        request = {"role": role, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
+        try:
+            _send(connection, request, fds=[_open_or_devnull(fd) for fd in (0, 1, 2)])
+            replies = connection.makefile("r")
+            started = replies.readline()
+        except OSError:
+            started = ""
+        if not started:  # the standby is leaving: start cold
+            for signum in _FORWARDED_SIGNALS:
+                signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler)
+            for signum in pending:
+                os.kill(os.getpid(), signum)
+            return None
+        forked.append(json.loads(started)["pid"])
+        for signum in pending:
+            _forward(forked, [], signum)
+        ended = replies.readline()
+    if not ended:
+        print(f"training_platform.launch.standby: the standby of {run_dir} died under {role}", file=sys.stderr)
+        return 1
+    return json.loads(ended)["exit"]
+
+
+def stop(run_dir: Path) -> None:
+    """Ask the run's standby, if any, to accept no more attempts and leave once its current ones end."""
+    connection = _connect(run_dir)
+    if connection is not None:
+        with connection, contextlib.suppress(OSError):
+            _send(connection, {"role": "stop"}, fds=[])
+
+
+def exit_as(status: int) -> None:
+    """End this process as a child that ended with STATUS did (exit code, or -signal)."""
+    if status < 0:
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    sys.exit(status if status >= 0 else 128 - status)  # as a shell reports a signal it could not re-raise
+
+
+def _connect(run_dir: Path) -> socket.socket | None:
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(address(run_dir))
+    except (ConnectionRefusedError, FileNotFoundError):  # none, or one still loading: start cold
+        connection.close()
+        return None
+    return connection
+
+
+def _send(connection: socket.socket, message: dict, fds: list[int]) -> None:
+    body = json.dumps(message).encode()
+    socket.send_fds(connection, [_HEADER.pack(len(body))], fds)
+    connection.sendall(body)
+
+
+def _open_or_devnull(fd: int) -> int:
+    """FD, or /dev/null where this process was started without it (a closed stdin)."""
+    try:
+        os.fstat(fd)
+    except OSError:
+        return os.open(os.devnull, os.O_RDWR)
+    return fd
+
+
+def _forward(forked: list[int], pending: list[int], signum: int) -> None:
+    if not forked:
+        pending.append(signum)
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(forked[0], signum)
+
+
+# ----- the standby ------------------------------------------------------------------------------
+def spawn(run_dir: Path, job_pid: int, env: dict[str, str]) -> None:
+    """Start the run's standby beside job JOB_PID (it exits at once if the run has one already)."""
+    with open(run_dir / LOG_FILE, "ab") as log:
+        subprocess.Popen(
+            [sys.executable, "-m", __name__, str(job_pid)],
+            cwd=run_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a SIGTERM to the job's process group must not reach it
+        )
+
+
+class Standby:
+    """The server: forks requested processes and relays their exit; see the module docstring."""
+
+    def __init__(self, run_dir: Path, listener: socket.socket):
+        self.run_dir = run_dir
+        self.listener = listener
+        # pid -> (the requester's connection, None once it is gone; "agent" or "worker")
+        self.children: dict[int, tuple[socket.socket | None, str]] = {}
+        self.watched: int | None = None  # pidfd of an attempt started cold (not by this standby)
+        self.watched_pids: set[int] = set()
+        self.stopping = False
+        self.deadline: float | None = None  # when no attempt runs: leave at this time
+        wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.wake = wake_read
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that set_wakeup_fd sees it
+        signal.set_wakeup_fd(wake_write)
+
+    def watch(self, job_pid: int) -> None:
+        """Follow attempt JOB_PID: this standby stays while it runs."""
+        self.watched_pids.add(job_pid)
+        try:
+            self.watched = os.pidfd_open(job_pid)
+        except ProcessLookupError:  # the attempt ended already
+            self.watched = None
+
+    def wait_for_training(self, since: float) -> bool:
+        """Hold the imports until the run's first step after SINCE, so they do not slow its own start.
+
+        False if the attempt ended before it and was not preempted: the run needs no standby.
+        """
+        events, offset = self.run_dir / EVENTS_FILE, 0
+        while self.watched is not None:
+            if events.is_file():
+                with open(events, "rb") as handle:
+                    handle.seek(offset)
+                    lines = handle.read().splitlines(keepends=True)
+                for line in lines:
+                    if not line.endswith(b"\n"):
+                        break  # being written: read it whole next time
+                    offset += len(line)
+                    event = json.loads(line)
+                    if event["kind"] == "first_step" and event["at"] >= since:
+                        return True
+            if select.select([self.watched], [], [], 0.5)[0]:
+                os.close(self.watched)
+                self.watched = None
+        self._attempt_changed()
+        return self.deadline is None or self.deadline > time.monotonic()
+
+    def preload(self) -> None:
+        """Import what the agent and its workers import: no attempt it serves imports them again."""
+        import importlib
+
+        from training_platform.launch.agent import PRELOADED_MODULES
+
+        started = time.monotonic()
+        for module in AGENT_MODULES + PRELOADED_MODULES:
+            importlib.import_module(module)
+        _log(f"ready in {time.monotonic() - started:.1f} s")
+
+    def serve(self) -> None:
+        self.listener.listen()
+        self._attempt_changed()
+        while self.children or self.deadline is None or time.monotonic() < self.deadline:
+            requesters = {c: pid for pid, (c, _) in self.children.items() if c is not None}
+            waiting = [self.listener, self.wake, *requesters]
+            if self.watched is not None:
+                waiting.append(self.watched)
+            timeout = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+            readable, _, _ = select.select(waiting, [], [], timeout)
+            if self.wake in readable:
+                self._reap()
+            if self.listener in readable:
+                self._accept()
+            if self.watched in readable:
+                os.close(self.watched)
+                self.watched = None
+                self._attempt_changed()
+            for connection, pid in requesters.items():
+                # A requester sends nothing after its request: readable means it is gone.
+                if connection in readable and pid in self.children:
+                    self._requester_died(pid)
+        _log("left")
+
+    def _attempt_changed(self) -> None:
+        """With no attempt running, wait for a requeue only after a preemption; else leave."""
+        from training_platform.launch.base import PREEMPTED_MARKER
+
+        was_waiting = self.deadline is None
+        if self.watched is None and not self._serving_an_attempt():
+            self._watch_cold_attempt()
+        if self.watched is not None or self._serving_an_attempt():
+            self.deadline = None
+        elif self.stopping or not (self.run_dir / PREEMPTED_MARKER).is_file():
+            self.deadline = time.monotonic()
+            if was_waiting:
+                _log("no attempt running and none to come: leaving")
+        else:
+            self.deadline = time.monotonic() + IDLE_SECONDS
+            if was_waiting:
+                _log(f"the attempt was preempted: waiting up to {IDLE_SECONDS:.0f} s for its requeue")
+
+    def _serving_an_attempt(self) -> bool:
+        return any(role == "agent" for _, role in self.children.values())
+
+    def _watch_cold_attempt(self) -> None:
+        """The run's current attempt, if one runs that this standby does not serve (one that started
+        cold while it was loading; the job process of one whose agent just ended): follow it, not leave."""
+        try:
+            pid = int((self.run_dir / JOB_PID_FILE).read_text())
+            started_here = os.readlink(f"/proc/{pid}/cwd") == os.path.realpath(self.run_dir)
+        except (OSError, ValueError):  # no attempt, or it has ended
+            return
+        if started_here and pid not in self.watched_pids:
+            _log(f"following attempt {pid}")
+            self.watch(pid)
+
+    def _accept(self) -> None:
+        connection, _ = self.listener.accept()
+        try:
+            header, fds, _, _ = socket.recv_fds(connection, _HEADER.size, 3)
+            (length,) = _HEADER.unpack(header)
+            body = b""
+            while len(body) < length:
+                chunk = connection.recv(length - len(body))
+                if not chunk:
+                    raise ConnectionError("requester left mid-request")
+                body += chunk
+            request = json.loads(body)
+        except (OSError, ValueError, struct.error) as exc:
+            _log(f"bad request: {exc}")
+            connection.close()
+            return
+        if request["role"] == "stop":
+            self.stopping = True
+            connection.close()
+            self._attempt_changed()
+            return
+        if self.stopping:
+            for fd in fds:
+                os.close(fd)
+            connection.close()  # the requester reads no pid and starts cold
+            return
+        pid = os.fork()
+        if pid == 0:
+            self._become(request, fds)
+        for fd in fds:
+            os.close(fd)
+        connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        self.children[pid] = (connection, request["role"])
+        _log(f"forked {request['role']} {pid}")
+        self._attempt_changed()
+
+    def _become(self, request: dict, fds: list[int]) -> None:
+        """In the forked child: become the requester's process, run its role, never return."""
+        status = 1
+        try:
+            os.setpgid(0, 0)  # its own group: the standby can stop it with everything it starts
+            signal.set_wakeup_fd(-1)
+            for signum in (signal.SIGCHLD, *_FORWARDED_SIGNALS):
+                signal.signal(signum, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            for closing in (self.listener, *(c for c, _ in self.children.values() if c is not None)):
+                closing.close()
+            os.close(self.wake)
+            if self.watched is not None:
+                os.close(self.watched)
+            for target, fd in zip((0, 1, 2), fds, strict=True):
+                os.dup2(fd, target)
+                os.close(fd)
+            os.chdir(request["cwd"])
+            os.environ.clear()
+            os.environ.update(request["env"])
+            sys.argv = [request["role"], *request["argv"]]
+            status = _run_role(request["role"], request["argv"])
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                os.read(self.wake, 512)
+            except BlockingIOError:
+                break
+        while self.children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                return
+            connection, role = self.children.pop(pid)
+            code = os.waitstatus_to_exitcode(status)
+            _log(f"{role} {pid} ended: {code}")
+            if connection is not None:
+                with contextlib.suppress(OSError):  # its requester may be gone
+                    connection.sendall(json.dumps({"exit": code}).encode() + b"\n")
+                connection.close()
+            self._attempt_changed()
+
+    def _requester_died(self, pid: int) -> None:
+        """A requester killed outright (SIGKILL of the job): what it asked for dies with it."""
+        connection, role = self.children[pid]
+        connection.close()
+        self.children[pid] = (None, role)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _run_role(role: str, argv: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from training_platform.launch.agent import launch, run_module
+
+    # record(): the error file torchrun reads, as its own agent and workers write it.
+    if role == "agent":
+        record(launch)(argv, workers_from_standby=True)
+        return 0
+    if role == "worker":
+        record(run_module)(*argv)
+        return 0
+    raise ValueError(f"unknown role {role!r}")
+
+
+def _log(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} standby {os.getpid()}: {message}", flush=True)
+
+
+def main(argv: list[str]) -> None:
+    """`python -m training_platform.launch.standby JOB_PID` (the launcher) or `worker MODULE ARGS` (the agent)."""
+    if argv[0] == "worker":
+        # An agent killed outright takes its workers along, as the job's process group would.
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        status = run_in_standby(Path.cwd(), "worker", argv[1:])
+        if status is None:
+            sys.exit(f"training_platform.launch.standby: the run's standby in {Path.cwd()} is gone; no worker started")
+        exit_as(status)
+    since, run_dir = time.time(), Path.cwd()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(address(run_dir))  # bound, not yet listening: requesters start cold meanwhile
+    except OSError:
+        return  # this run has a standby already
+    standby = Standby(run_dir, listener)
+    standby.watch(int(argv[0]))
+    if standby.wait_for_training(since):
+        standby.preload()
+        standby.serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
