@@ -285,6 +285,12 @@ class Standby:
 
     def _accept(self) -> None:
         connection, _ = self.listener.accept()
+        # Any local user can reach an abstract socket: fork only for this standby's own user.
+        _, uid, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid != os.getuid():
+            _log(f"refused a request from uid {uid}")
+            connection.close()
+            return
         try:
             header, fds, _, _ = socket.recv_fds(connection, _HEADER.size, 3)
             (length,) = _HEADER.unpack(header)

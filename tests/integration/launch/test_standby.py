@@ -95,6 +95,19 @@ def test_a_sigkilled_job_takes_what_the_standby_forked_with_it(warm):
     assert not alive
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="acting as another user needs root")
+def test_it_refuses_requests_from_another_user(warm):
+    run_dir, _, env = warm
+    ask_to_stop = f"import pathlib, training_platform.launch.standby as s; s.stop(pathlib.Path({str(run_dir)!r}))"
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    subprocess.run([*nobody, sys.executable, "-c", ask_to_stop], env=env, check=True, timeout=60)
+    log = run_dir / standby.LOG_FILE
+    wait_until(lambda: "refused a request from uid 65534" in log.read_text(), what="request refused")
+    agent = _agent(run_dir, env, "--greeting", "still here")
+    assert agent.wait(timeout=120) == 0
+    assert all(seen["ppid"] == _standby_pid(run_dir) for seen in _ranks(run_dir))
+
+
 def test_it_waits_for_a_preempted_runs_requeue_and_leaves_when_stopped(warm):
     run_dir, attempt, _ = warm
     log = run_dir / standby.LOG_FILE
