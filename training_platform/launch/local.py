@@ -85,7 +85,7 @@ class LocalLauncher:
 
     def submit(self, plan: LaunchPlan) -> JobHandle:
         plan.workdir.mkdir(parents=True, exist_ok=True)
-        for stale in (EXIT_CODE_FILE, PREEMPTED_MARKER, RESULT_FILE):
+        for stale in (EXIT_CODE_FILE, PREEMPTED_MARKER, RESULT_FILE, standby.STOP_FILE):
             (plan.workdir / stale).unlink(missing_ok=True)
         log = open(plan.workdir / LOG_FILE, "ab")  # noqa: SIM115 - handed to the child process
         # A shell records the exit code so status() works from any process, not only this one.
@@ -113,7 +113,7 @@ class LocalLauncher:
         self._procs[str(proc.pid)] = proc
         if standby.STANDBY_ENV in plan.env:
             (plan.workdir / standby.JOB_PID_FILE).write_text(str(proc.pid))
-            if not standby.running(plan.workdir):
+            if not standby.running(plan.workdir, env):
                 standby.spawn(plan.workdir, proc.pid, env)
         return JobHandle(backend=self.name, job_id=f"{proc.pid}:{plan.workdir}", run_id=plan.run_id)
 

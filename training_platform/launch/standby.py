@@ -34,32 +34,47 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 from training_platform.runlog import EVENTS_FILE
 
 # Set (by LocalLauncher, for spot runs) in a job's environment: its agent looks for a standby.
 STANDBY_ENV = "TP_WARM_STANDBY"
-# How long a standby waits for the requeue after a preemption (a Dagster sensor tick is 10-30 s).
+# How long a standby waits for the requeue after a preemption (a Dagster sensor tick is 10-30 s)...
 IDLE_SECONDS = 300.0
+# ...and after an attempt that was not preempted: a requeue may still be on its way (a cancel
+# racing a preemption, a launcher that cleared the marker for its next submit already).
+LINGER_SECONDS = 5.0
+# How long a requester waits for the standby to fork: a standby that does not answer is not used.
+REPLY_SECONDS = 10.0
+STOP_POLL_SECONDS = 2.0
 # What the agent imports, besides what its workers import (agent.PRELOADED_MODULES).
 AGENT_MODULES = ["torch.distributed.run", "torch.distributed.launcher.api", "training_platform.launch.agent"]
 LOG_FILE = "standby.log"
 JOB_PID_FILE = "job.pid"  # written by the launcher at each submit: the attempt's process
+STOP_FILE = "standby.stop"  # written by stop(): a standby still loading cannot be told over its socket
+PR_SET_NAME = 15  # prctl(2): the process name (ps, psutil's name()) of the calling thread
 _HEADER = struct.Struct("!I")
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
 _FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def address(run_dir: Path) -> str:
-    """The standby's socket, in the abstract namespace: no file to clean up, no path-length limit."""
-    key = f"{os.path.realpath(run_dir)}\0{sys.executable}"
+def address(run_dir: Path, environ: Mapping[str, str] = os.environ) -> str:
+    """The standby's socket, in the abstract namespace: no file to clean up, no path-length limit.
+
+    It names the code too (interpreter, PYTHONPATH, the platform's newest source file): a standby
+    loaded before the code changed is not used by an attempt of the new code.
+    """
+    package = Path(__file__).resolve().parents[1]
+    newest = max(path.stat().st_mtime_ns for path in package.rglob("*.py"))
+    key = f"{os.path.realpath(run_dir)}\0{sys.executable}\0{environ.get('PYTHONPATH', '')}\0{newest}"
     return "\0training-platform-standby-" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
-def running(run_dir: Path) -> bool:
-    """Whether the run has a standby (loading or ready): its socket is bound."""
-    name = "@" + address(run_dir)[1:]
+def running(run_dir: Path, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the run has a standby (loading or ready) for jobs with ENVIRON: its socket is bound."""
+    name = "@" + address(run_dir, environ)[1:]
     with open("/proc/net/unix") as sockets:
         return any(line.rstrip("\n").endswith(" " + name) for line in sockets)
 
@@ -82,9 +97,11 @@ def run_in_standby(run_dir: Path, role: str, argv: list[str]) -> int | None:
         request = {"role": role, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
         try:
             _send(connection, request, fds=[_open_or_devnull(fd) for fd in (0, 1, 2)])
+            connection.settimeout(REPLY_SECONDS)
             replies = connection.makefile("r")
             started = replies.readline()
-        except OSError:
+            connection.settimeout(None)
+        except OSError:  # a timeout included
             started = ""
         if not started:  # the standby is leaving: start cold
             for signum in _FORWARDED_SIGNALS:
@@ -102,9 +119,10 @@ def run_in_standby(run_dir: Path, role: str, argv: list[str]) -> int | None:
     return json.loads(ended)["exit"]
 
 
-def stop(run_dir: Path) -> None:
+def stop(run_dir: Path, environ: Mapping[str, str] = os.environ) -> None:
     """Ask the run's standby, if any, to accept no more attempts and leave once its current ones end."""
-    connection = _connect(run_dir)
+    (run_dir / STOP_FILE).write_text("")  # read by a standby that the socket cannot reach; removed by the next submit
+    connection = _connect(run_dir, environ)
     if connection is not None:
         with connection, contextlib.suppress(OSError):
             _send(connection, {"role": "stop"}, fds=[])
@@ -118,14 +136,22 @@ def exit_as(status: int) -> None:
     sys.exit(status if status >= 0 else 128 - status)  # as a shell reports a signal it could not re-raise
 
 
-def _connect(run_dir: Path) -> socket.socket | None:
+def _connect(run_dir: Path, environ: Mapping[str, str] = os.environ) -> socket.socket | None:
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        connection.connect(address(run_dir))
+        connection.connect(address(run_dir, environ))
     except (ConnectionRefusedError, FileNotFoundError):  # none, or one still loading: start cold
         connection.close()
         return None
+    if _peer_uid(connection) != os.getuid():  # another user bound the name first: never hand it our job
+        connection.close()
+        return None
     return connection
+
+
+def _peer_uid(connection: socket.socket) -> int:
+    _, uid, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return uid
 
 
 def _send(connection: socket.socket, message: dict, fds: list[int]) -> None:
@@ -194,10 +220,16 @@ class Standby:
     def wait_for_training(self, since: float) -> bool:
         """Hold the imports until the run's first step after SINCE, so they do not slow its own start.
 
-        False if the attempt ended before it and was not preempted: the run needs no standby.
+        False if the run needs no standby: its attempt ended before that step, not preempted.
         """
+        from training_platform.launch.base import PREEMPTED_MARKER
+
         events, offset = self.run_dir / EVENTS_FILE, 0
-        while self.watched is not None:
+        while True:
+            if self.watched is None:
+                self._attempt_changed()  # follows a new attempt, if one started cold meanwhile
+                if self.watched is None:
+                    return not self._stopped() and (self.run_dir / PREEMPTED_MARKER).is_file()
             if events.is_file():
                 with open(events, "rb") as handle:
                     handle.seek(offset)
@@ -206,14 +238,15 @@ class Standby:
                     if not line.endswith(b"\n"):
                         break  # being written: read it whole next time
                     offset += len(line)
-                    event = json.loads(line)
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        continue  # torn by a kill mid-write, as RunEvents.read skips it
                     if event["kind"] == "first_step" and event["at"] >= since:
-                        return True
+                        return not self._stopped()
             if select.select([self.watched], [], [], 0.5)[0]:
                 os.close(self.watched)
                 self.watched = None
-        self._attempt_changed()
-        return self.deadline is None or self.deadline > time.monotonic()
 
     def preload(self) -> None:
         """Import what the agent and its workers import: no attempt it serves imports them again."""
@@ -229,13 +262,23 @@ class Standby:
     def serve(self) -> None:
         self.listener.listen()
         self._attempt_changed()
-        while self.children or self.deadline is None or time.monotonic() < self.deadline:
+        while True:
+            if not self.children and self.deadline is not None and time.monotonic() >= self.deadline:
+                self._watch_cold_attempt()  # one last look: a requeue that started cold just now
+                if self.watched is None:
+                    break
+                self.deadline = None
             requesters = {c: pid for pid, (c, _) in self.children.items() if c is not None}
             waiting = [self.listener, self.wake, *requesters]
             if self.watched is not None:
                 waiting.append(self.watched)
-            timeout = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+            timeout = None
+            if not self.children and self.deadline is not None:
+                # Waking now and then: a stop file (a cancel that could not reach the socket) ends the wait.
+                timeout = max(0.0, min(self.deadline - time.monotonic(), STOP_POLL_SECONDS))
             readable, _, _ = select.select(waiting, [], [], timeout)
+            if not readable and self._stopped():
+                self._attempt_changed()
             if self.wake in readable:
                 self._reap()
             if self.listener in readable:
@@ -251,7 +294,7 @@ class Standby:
         _log("left")
 
     def _attempt_changed(self) -> None:
-        """With no attempt running, wait for a requeue only after a preemption; else leave."""
+        """With no attempt running: wait for a requeue (long after a preemption, briefly otherwise)."""
         from training_platform.launch.base import PREEMPTED_MARKER
 
         was_waiting = self.deadline is None
@@ -259,14 +302,21 @@ class Standby:
             self._watch_cold_attempt()
         if self.watched is not None or self._serving_an_attempt():
             self.deadline = None
-        elif self.stopping or not (self.run_dir / PREEMPTED_MARKER).is_file():
+        elif self._stopped():
             self.deadline = time.monotonic()
             if was_waiting:
-                _log("no attempt running and none to come: leaving")
-        else:
+                _log("stopped: leaving once its attempts end")
+        elif (self.run_dir / PREEMPTED_MARKER).is_file():
             self.deadline = time.monotonic() + IDLE_SECONDS
             if was_waiting:
                 _log(f"the attempt was preempted: waiting up to {IDLE_SECONDS:.0f} s for its requeue")
+        elif was_waiting:
+            self.deadline = time.monotonic() + LINGER_SECONDS
+            _log(f"the attempt ended: leaving unless another starts within {LINGER_SECONDS:.0f} s")
+
+    def _stopped(self) -> bool:
+        self.stopping = self.stopping or (self.run_dir / STOP_FILE).is_file()
+        return self.stopping
 
     def _serving_an_attempt(self) -> bool:
         return any(role == "agent" for _, role in self.children.values())
@@ -274,6 +324,8 @@ class Standby:
     def _watch_cold_attempt(self) -> None:
         """The run's current attempt, if one runs that this standby does not serve (one that started
         cold while it was loading; the job process of one whose agent just ended): follow it, not leave."""
+        if self._stopped():
+            return
         try:
             pid = int((self.run_dir / JOB_PID_FILE).read_text())
             started_here = os.readlink(f"/proc/{pid}/cwd") == os.path.realpath(self.run_dir)
@@ -285,13 +337,11 @@ class Standby:
 
     def _accept(self) -> None:
         connection, _ = self.listener.accept()
-        # Any local user can reach an abstract socket: fork only for this standby's own user.
-        _, uid, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        if uid != os.getuid():
-            _log(f"refused a request from uid {uid}")
-            connection.close()
-            return
+        fds: list[int] = []
         try:
+            # Any local user can reach an abstract socket: fork only for this standby's own user.
+            if (uid := _peer_uid(connection)) != os.getuid():
+                raise PermissionError(f"refused a request from uid {uid}")
             header, fds, _, _ = socket.recv_fds(connection, _HEADER.size, 3)
             (length,) = _HEADER.unpack(header)
             body = b""
@@ -301,40 +351,49 @@ class Standby:
                     raise ConnectionError("requester left mid-request")
                 body += chunk
             request = json.loads(body)
-        except (OSError, ValueError, struct.error) as exc:
-            _log(f"bad request: {exc}")
-            connection.close()
-            return
-        if request["role"] == "stop":
-            self.stopping = True
-            connection.close()
-            self._attempt_changed()
-            return
-        if self.stopping:
+            if request["role"] == "stop":
+                self.stopping = True
+                self._attempt_changed()
+            elif not self._stopped():  # a stopped standby answers nothing: the requester starts cold
+                self._fork(request, fds, connection)
+                return
+        except (OSError, ValueError, KeyError, struct.error) as exc:
+            _log(f"request not served: {exc}")
+        finally:
             for fd in fds:
                 os.close(fd)
-            connection.close()  # the requester reads no pid and starts cold
-            return
+        connection.close()
+
+    def _fork(self, request: dict, fds: list[int], connection: socket.socket) -> None:
         pid = os.fork()
         if pid == 0:
-            self._become(request, fds)
-        for fd in fds:
-            os.close(fd)
-        connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            self._become(request, fds, connection)
+        # Also here, not only in the child: killpg must find the group even if the child has not run yet.
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)
         self.children[pid] = (connection, request["role"])
         _log(f"forked {request['role']} {pid}")
+        try:
+            connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        except OSError:
+            self._requester_died(pid)  # gone before it heard of the fork
         self._attempt_changed()
 
-    def _become(self, request: dict, fds: list[int]) -> None:
+    def _become(self, request: dict, fds: list[int], connection: socket.socket) -> None:
         """In the forked child: become the requester's process, run its role, never return."""
         status = 1
         try:
             os.setpgid(0, 0)  # its own group: the standby can stop it with everything it starts
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # a standby that dies stops its agents as a preemption
+            # ps and the telemetry's rank lookup tell the agent from the ranks by name (same command line).
+            libc.prctl(PR_SET_NAME, f"tp-{request['role']}".encode())
             signal.set_wakeup_fd(-1)
             for signum in (signal.SIGCHLD, *_FORWARDED_SIGNALS):
                 signal.signal(signum, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            for closing in (self.listener, *(c for c, _ in self.children.values() if c is not None)):
+            # Only the requester and the standby hold the connection: a standby that dies is seen at once.
+            for closing in (self.listener, connection, *(c for c, _ in self.children.values() if c is not None)):
                 closing.close()
             os.close(self.wake)
             if self.watched is not None:
@@ -366,14 +425,18 @@ class Standby:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 return
+            if pid not in self.children:
+                continue
             connection, role = self.children.pop(pid)
             code = os.waitstatus_to_exitcode(status)
             _log(f"{role} {pid} ended: {code}")
+            # Decided before the requester hears of the end: once the job ends, the launcher may
+            # clear the preemption marker for the requeue.
+            self._attempt_changed()
             if connection is not None:
                 with contextlib.suppress(OSError):  # its requester may be gone
                     connection.sendall(json.dumps({"exit": code}).encode() + b"\n")
                 connection.close()
-            self._attempt_changed()
 
     def _requester_died(self, pid: int) -> None:
         """A requester killed outright (SIGKILL of the job): what it asked for dies with it."""
@@ -407,7 +470,10 @@ def main(argv: list[str]) -> None:
     """`python -m training_platform.launch.standby JOB_PID` (the launcher) or `worker MODULE ARGS` (the agent)."""
     if argv[0] == "worker":
         # An agent killed outright takes its workers along, as the job's process group would.
+        agent = os.getppid()
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != agent:  # it died before the line above
+            sys.exit(1)
         status = run_in_standby(Path.cwd(), "worker", argv[1:])
         if status is None:
             sys.exit(f"training_platform.launch.standby: the run's standby in {Path.cwd()} is gone; no worker started")

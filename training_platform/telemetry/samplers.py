@@ -65,7 +65,8 @@ def local_training_processes(me: psutil.Process | None = None) -> list[psutil.Pr
     try:
         parent = me.parent()
         cmdline = me.cmdline()
-        siblings = [p for p in parent.children() if p.cmdline() == cmdline] if parent else []
+        # The name too: ranks forked by a warm standby share its command line with their agent.
+        siblings = [p for p in parent.children() if p.cmdline() == cmdline and p.name() == me.name()] if parent else []
     except psutil.Error:
         siblings = []
     return siblings or [me]

@@ -11,6 +11,8 @@ import torch
 
 if sys.argv[1:] == ["--fail"]:
     raise ValueError("probe asked to fail")
+if sys.argv[1:] == ["--exit-3"]:
+    sys.exit(3)
 out = os.path.join(os.environ["PROBE_DIR"], f"rank{os.environ['RANK']}.json")
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from tests.fixtures.worker import wait_until
 from training_platform.launch import standby
 from training_platform.launch.base import PREEMPTED_MARKER
 from training_platform.runlog import RunEvents
+from training_platform.telemetry.samplers import local_training_processes
 
 pytestmark = pytest.mark.integration
 HERE = Path(__file__).parent
@@ -27,13 +29,13 @@ def warm(tmp_path_factory):
     env.pop("OMP_NUM_THREADS", None)
     attempt = subprocess.Popen(["sleep", "600"])
     standby.spawn(run_dir, attempt.pid, env)
-    wait_until(lambda: standby.running(run_dir), what="standby bound")
+    wait_until(lambda: standby.running(run_dir, env), what="standby bound")
     RunEvents(run_dir).append("first_step")
     log = run_dir / standby.LOG_FILE
     wait_until(lambda: "ready in" in log.read_text(), what="standby ready")
     yield run_dir, attempt, env
     attempt.kill()
-    standby.stop(run_dir)
+    standby.stop(run_dir, env)
 
 
 def _agent(run_dir: Path, env: dict, *module_args: str) -> subprocess.Popen:
@@ -70,10 +72,14 @@ def test_the_standby_forks_the_agent_and_ranks_as_the_job_started_them(warm):
     assert "probe rank 0 on stdout" in (run_dir / "agent.log").read_text()
 
 
-def test_a_sigterm_reaches_the_forked_ranks_and_a_failure_keeps_its_status(warm):
+def test_a_sigterm_reaches_the_forked_ranks_and_a_failure_keeps_its_status(warm, monkeypatch):
     run_dir, _, env = warm
     agent = _agent(run_dir, env, "--wait")
     ranks = _ranks(run_dir)
+    # The node's telemetry samples the two ranks, not their agent (a sibling with the same command line).
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "probe")
+    sampled = local_training_processes(psutil.Process(ranks[0]["pid"]))
+    assert sorted(p.pid for p in sampled) == sorted(seen["pid"] for seen in ranks)
     agent.send_signal(signal.SIGTERM)
     assert agent.wait(timeout=120) != 0  # torchrun ends a signalled job as failed, cold or warm
     for r in (0, 1):  # each rank's own SIGTERM handler ran: an emergency checkpoint would have been taken
@@ -83,6 +89,9 @@ def test_a_sigterm_reaches_the_forked_ranks_and_a_failure_keeps_its_status(warm)
     failing = _agent(run_dir, env, "--fail")
     assert failing.wait(timeout=120) != 0
     assert "ValueError: probe asked to fail" in (run_dir / "agent.log").read_text()
+    exiting = _agent(run_dir, env, "--exit-3")
+    assert exiting.wait(timeout=120) != 0
+    assert re.search(r"exitcode\s*:\s*3 ", (run_dir / "agent.log").read_text())  # the rank's own status
 
 
 def test_a_sigkilled_job_takes_what_the_standby_forked_with_it(warm):
@@ -95,12 +104,25 @@ def test_a_sigkilled_job_takes_what_the_standby_forked_with_it(warm):
     assert not alive
 
 
+AS_ANOTHER_USER = """
+import contextlib, pathlib, socket, sys
+from training_platform.launch import standby
+run_dir = pathlib.Path(sys.argv[1])
+# As a requester: it does not hand its job to a standby of another user.
+assert standby.run_in_standby(run_dir, "worker", ["agent_probe"]) is None
+# As an intruder: the standby refuses to act on its request.
+intruder = socket.socket(socket.AF_UNIX)
+intruder.connect(standby.address(run_dir))
+with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused before it finished asking
+    standby._send(intruder, {"role": "stop"}, fds=[])
+"""
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="acting as another user needs root")
-def test_it_refuses_requests_from_another_user(warm):
+def test_the_standby_and_its_requesters_deal_only_with_their_own_user(warm):
     run_dir, _, env = warm
-    ask_to_stop = f"import pathlib, training_platform.launch.standby as s; s.stop(pathlib.Path({str(run_dir)!r}))"
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    subprocess.run([*nobody, sys.executable, "-c", ask_to_stop], env=env, check=True, timeout=60)
+    subprocess.run([*nobody, sys.executable, "-c", AS_ANOTHER_USER, str(run_dir)], env=env, check=True, timeout=60)
     log = run_dir / standby.LOG_FILE
     wait_until(lambda: "refused a request from uid 65534" in log.read_text(), what="request refused")
     agent = _agent(run_dir, env, "--greeting", "still here")
@@ -109,12 +131,12 @@ def test_it_refuses_requests_from_another_user(warm):
 
 
 def test_it_waits_for_a_preempted_runs_requeue_and_leaves_when_stopped(warm):
-    run_dir, attempt, _ = warm
+    run_dir, attempt, env = warm
     log = run_dir / standby.LOG_FILE
     (run_dir / PREEMPTED_MARKER).write_text("{}")
     attempt.kill()  # the attempt that started it ends preempted: it stays for the requeue
     wait_until(lambda: "waiting up to" in log.read_text(), what="standby waiting for the requeue")
-    assert standby.running(run_dir)
-    standby.stop(run_dir)
-    wait_until(lambda: not standby.running(run_dir), what="standby gone")
+    assert standby.running(run_dir, env)
+    standby.stop(run_dir)  # with this process's environment: its address differs, the stop file reaches it
+    wait_until(lambda: not standby.running(run_dir, env), what="standby gone")
     assert log.read_text().rstrip().endswith("left")
