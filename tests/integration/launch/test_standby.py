@@ -33,18 +33,22 @@ def warm(tmp_path_factory):
     RunEvents(run_dir).append("first_step")
     log = run_dir / standby.LOG_FILE
     wait_until(lambda: "ready in" in log.read_text(), what="standby ready")
-    yield run_dir, attempt, env
-    attempt.kill()
+    agents: list[subprocess.Popen] = []
+    yield run_dir, attempt, env, agents
+    for agent in [attempt, *agents]:  # a test that failed midway leaves them running
+        agent.kill()
     standby.stop(run_dir, env)
 
 
-def _agent(run_dir: Path, env: dict, *module_args: str) -> subprocess.Popen:
+def _agent(warm, *module_args: str) -> subprocess.Popen:
+    run_dir, _, env, agents = warm
     command = [sys.executable, "-m", "training_platform.launch.agent", "--nproc-per-node=2",
                "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--rdzv-id=probe", "-m", "agent_probe",
                *module_args]
     env = {**env, standby.STANDBY_ENV: "1", "PROBE_DIR": str(run_dir)}
     out = open(run_dir / "agent.log", "w")  # noqa: SIM115 - the agent's stdout, as the launcher's log file
-    return subprocess.Popen(command, cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT)
+    agents.append(subprocess.Popen(command, cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT))
+    return agents[-1]
 
 
 def _ranks(run_dir: Path) -> list[dict]:
@@ -60,8 +64,8 @@ def _standby_pid(run_dir: Path) -> int:
 
 
 def test_the_standby_forks_the_agent_and_ranks_as_the_job_started_them(warm):
-    run_dir, _, env = warm
-    agent = _agent(run_dir, env, "--greeting", "hello")
+    run_dir = warm[0]
+    agent = _agent(warm, "--greeting", "hello")
     assert agent.wait(timeout=120) == 0, (run_dir / "agent.log").read_text()[-3000:]
     for seen in _ranks(run_dir):
         assert seen["ppid"] == _standby_pid(run_dir)  # forked warm, not started cold
@@ -73,8 +77,8 @@ def test_the_standby_forks_the_agent_and_ranks_as_the_job_started_them(warm):
 
 
 def test_a_sigterm_reaches_the_forked_ranks_and_a_failure_keeps_its_status(warm, monkeypatch):
-    run_dir, _, env = warm
-    agent = _agent(run_dir, env, "--wait")
+    run_dir = warm[0]
+    agent = _agent(warm, "--wait")
     ranks = _ranks(run_dir)
     # The node's telemetry samples the two ranks, not their agent (a sibling with the same command line).
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "probe")
@@ -86,17 +90,17 @@ def test_a_sigterm_reaches_the_forked_ranks_and_a_failure_keeps_its_status(warm,
         assert (run_dir / f"rank{r}.json.terminated").read_text() == str(int(signal.SIGTERM))
     assert not any(psutil.pid_exists(seen["pid"]) for seen in ranks)
 
-    failing = _agent(run_dir, env, "--fail")
+    failing = _agent(warm, "--fail")
     assert failing.wait(timeout=120) != 0
     assert "ValueError: probe asked to fail" in (run_dir / "agent.log").read_text()
-    exiting = _agent(run_dir, env, "--exit-3")
+    exiting = _agent(warm, "--exit-3")
     assert exiting.wait(timeout=120) != 0
     assert re.search(r"exitcode\s*:\s*3 ", (run_dir / "agent.log").read_text())  # the rank's own status
 
 
 def test_a_sigkilled_job_takes_what_the_standby_forked_with_it(warm):
-    run_dir, _, env = warm
-    agent = _agent(run_dir, env, "--wait")
+    run_dir = warm[0]
+    agent = _agent(warm, "--wait")
     forked = [psutil.Process(seen["pid"]) for seen in _ranks(run_dir)]
     agent.kill()
     agent.wait()
@@ -120,18 +124,18 @@ with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused befo
 
 @pytest.mark.skipif(os.getuid() != 0, reason="acting as another user needs root")
 def test_the_standby_and_its_requesters_deal_only_with_their_own_user(warm):
-    run_dir, _, env = warm
+    run_dir, _, env, _ = warm
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     subprocess.run([*nobody, sys.executable, "-c", AS_ANOTHER_USER, str(run_dir)], env=env, check=True, timeout=60)
     log = run_dir / standby.LOG_FILE
     wait_until(lambda: "refused a request from uid 65534" in log.read_text(), what="request refused")
-    agent = _agent(run_dir, env, "--greeting", "still here")
+    agent = _agent(warm, "--greeting", "still here")
     assert agent.wait(timeout=120) == 0
     assert all(seen["ppid"] == _standby_pid(run_dir) for seen in _ranks(run_dir))
 
 
 def test_it_waits_for_a_preempted_runs_requeue_and_leaves_when_stopped(warm):
-    run_dir, attempt, env = warm
+    run_dir, attempt, env, _ = warm
     log = run_dir / standby.LOG_FILE
     (run_dir / PREEMPTED_MARKER).write_text("{}")
     attempt.kill()  # the attempt that started it ends preempted: it stays for the requeue
