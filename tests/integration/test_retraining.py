@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from dagster._core.storage.defs_state.base import set_defs_state_storage
 
 from assets import ALL_ASSETS
 from assets.datasets import EXPECTATIONS, resolve_snapshot_id, snapshot_run_config
@@ -48,25 +50,34 @@ def home(tmp_path, monkeypatch) -> PlatformHome:
 
 @pytest.fixture
 def instance(home):
+    # Dagster keeps "the current instance's state storage" in a context variable. A Dagster context
+    # an earlier test left open (one not used as a `with`) resets that variable when the garbage
+    # collector finalizes it; finalized in the middle of this test, it pointed materialize() at a
+    # disposed instance ("Attempted to resolve undefined DagsterInstance weakref", 2 of 6 full runs).
+    # Collected here, before this test sets the variable, such leftovers can no longer do that.
+    gc.collect()
     with dg.DagsterInstance.get() as instance:
         yield instance
 
 
 def _snapshot(instance, day: date, tags: dict | None = None, source: str = "digits_daily"):
-    return dg.materialize(
-        ALL_ASSETS,
-        selection=["dataset_snapshot"],
-        partition_key=day.isoformat(),
-        instance=instance,
-        resources=defs.resources,
-        run_config=snapshot_run_config(source),
-        tags=tags or {},
-        raise_on_error=False,
-    )
+    # The variable set again for this call (see the `instance` fixture): materialize() reads it first thing.
+    with set_defs_state_storage(instance.defs_state_storage):
+        return dg.materialize(
+            ALL_ASSETS,
+            selection=["dataset_snapshot"],
+            partition_key=day.isoformat(),
+            instance=instance,
+            resources=defs.resources,
+            run_config=snapshot_run_config(source),
+            tags=tags or {},
+            raise_on_error=False,
+        )
 
 
 def _tick(sensor, instance, cursor=None) -> dg.SensorResult:
-    return sensor(dg.build_sensor_context(instance=instance, cursor=cursor, resources=defs.resources))
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=defs.resources) as context:
+        return sensor(context)
 
 
 def test_new_data_sensor_requests_exactly_the_new_or_changed_day(home, instance):
