@@ -29,7 +29,6 @@ from pathlib import Path
 
 from training_platform.launch import standby
 
-PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
 # What every worker imports before its first step; forked workers find them loaded. torch._dynamo
 # is imported by torch's optimizers and by use_deterministic_algorithms: 0.9 s per worker otherwise
 # (launch to first step 2.85 -> 2.56 s, 2 ranks, digits); pyarrow.dataset by the first
@@ -49,7 +48,7 @@ def run_module(module: str, *argv: str) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     # torch's wrapper interrupts a worker whose parent (the fork server) dies with SIGINT, which
     # would abort an emergency checkpoint; SIGTERM is the signal the worker checkpoints and stops on.
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(standby.PR_SET_PDEATHSIG, signal.SIGTERM)
     # A fork server's child defaults to starting its own processes through the fork server too
     # (DataLoader workers would then be pickled over to it); start them as a fresh interpreter does.
     multiprocessing.set_start_method(None, force=True)

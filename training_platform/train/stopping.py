@@ -5,8 +5,9 @@ The ranks agree through an all-reduce. One per step cost 6% of a small model's s
 chosen so that a notice waits at most about CHECK_SECONDS of training and MAX_STEPS_BETWEEN_CHECKS
 steps (runs of tiny steps stay step-precise; 20 steps already amortize the collective). The
 interval comes from the slowest rank's step time, which the all-reduce itself carries: every
-rank computes the same interval, so all of them reach the next check at the same step. Waiting costs no work (the
-emergency checkpoint is taken at the step where they stop), only that much of the grace period.
+rank computes the same interval, so all of them reach the next check at the same step. Waiting
+costs no work (the emergency checkpoint is taken at the step where they stop), only that much of
+the grace period.
 Sweep trials agree every step: a pruned trial's extra steps would be the sweep's wasted compute.
 """
 
