@@ -20,7 +20,7 @@ import bisect
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +35,13 @@ from training_platform.errors import SnapshotError
 DECODED_SHARD_BYTES = 256 << 20
 
 
+@lru_cache(maxsize=8)
 def _permutation(n: int, *seed: int) -> np.ndarray:
+    """A fixed permutation of range(n) for `seed`; cached, as each step asks again for its epoch's orders."""
     # SeedSequence-derived PCG64 streams are fixed by numpy's stability policy for Generator seeding.
-    return np.random.default_rng(list(seed)).permutation(n)
+    order = np.random.default_rng(list(seed)).permutation(n)
+    order.flags.writeable = False  # shared by every caller
+    return order
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,23 @@ class StepBatches(Dataset):
     def __getitem__(self, step: int) -> torch.Tensor:
         parts = [self._shard(shard)[rows] for shard, rows in self.plan.rows(step)]
         return torch.from_numpy(np.concatenate(parts))
+
+    def preload(self, step: int) -> None:
+        """Decode ahead of training the shards this rank reads from `step` on, within the budget.
+
+        A split whose decoded rows fit the budget is decoded whole, so training never stops to
+        decode (as a script that loads a small data set into memory would); a larger one starts
+        with as many of this epoch's shards as fit. For a reader without prefetch workers.
+        """
+        first = self.plan.shards(self.plan.position(step)[0])
+        rest = [index for index in range(len(self.refs)) if index not in first]
+        row_bytes = len(self.columns) * np.dtype(np.int64).itemsize
+        planned = 0
+        for index in [*first, *rest]:
+            planned += self.refs[index].rows * row_bytes
+            if planned > self.keep_bytes:
+                return
+            self._shard(index)
 
     def _shard(self, index: int) -> np.ndarray:
         if index in self._decoded:

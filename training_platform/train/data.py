@@ -104,9 +104,12 @@ def _language_model_data(session: TrainingSession, manifest: SnapshotManifest, t
     workers = prefetch_workers(spec.resources.procs_per_node)
 
     def batches(start: int) -> Iterator[Batch]:
-        for rows in batch_loader(train_stream, start, cfg.max_steps, workers=workers):
-            inputs, targets = template.split_batch(rows, spec)
-            yield inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        if not workers:  # the loop reads in this process: decode now, before the first step, not between steps
+            train_stream.preload(start)
+        return (
+            tuple(t.to(device, non_blocking=True) for t in template.split_batch(rows, spec))
+            for rows in batch_loader(train_stream, start, cfg.max_steps, workers=workers)
+        )
 
     @torch.no_grad()
     def evaluate_lm(model: nn.Module) -> dict[str, float]:

@@ -200,9 +200,10 @@ class TrainingSession:
         summary = manifest.summary()
         self.checkpoints.append(summary)
         self._event("checkpoint", step=manifest.step, uri=manifest.uri)
-        self.reporter.info(
+        self.reporter.progress(
+            "checkpoint",
             f"checkpoint step {manifest.step}: {manifest.uri} ({summary.get('bytes_written', 0)} bytes written, "
-            f"{summary.get('bytes_deduplicated', 0)} deduplicated)"
+            f"{summary.get('bytes_deduplicated', 0)} deduplicated)",
         )
 
     def _checkpoint_failed(self, step: int, error: str) -> None:
@@ -235,7 +236,9 @@ class TrainingSession:
         self.telemetry.clock.checkpoint_s += seconds
         self.checkpoints.append(manifest.summary())
         self._event("checkpoint", step=manifest.step, uri=manifest.uri)
-        self.reporter.info(f"checkpoint step {manifest.step} ({manifest.attributes.get('format')}): {manifest.uri}")
+        self.reporter.progress(
+            "checkpoint", f"checkpoint step {manifest.step} ({manifest.attributes.get('format')}): {manifest.uri}"
+        )
 
     def checkpoint_restored(self, manifest: CheckpointManifest, step: int) -> None:
         """Bookkeeping after a strategy restored its own checkpoint (RNG already set by the strategy)."""

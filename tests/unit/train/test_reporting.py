@@ -1,8 +1,13 @@
-"""The worker's MLflow metrics: buffered between flushes, all written by close, at the steps and times taken."""
+"""The worker's reporting: MLflow metrics buffered between flushes and all written by close, at the steps and
+times taken; repeated progress lines to Dagster Pipes at most once per interval, none lost at the end."""
 
 from __future__ import annotations
 
+import json
+import logging
+
 import pytest
+from dagster_pipes import DAGSTER_PIPES_MESSAGES_ENV_VAR, PipesContext, encode_env_var
 from mlflow.tracking import MlflowClient
 
 from training_platform.train import reporting
@@ -66,3 +71,72 @@ def test_points_mlflow_refuses_are_kept_and_written_later(mlflow_run, monkeypatc
     reporter.metrics(2, {"train_loss": 1.0})
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(1, 2.0), (2, 1.0)]
     reporter.close()
+
+
+@pytest.fixture
+def pipes_messages(tmp_path, monkeypatch):
+    """A real Dagster Pipes channel into a file, as the launcher sets one up (context in the environment)."""
+    messages = tmp_path / "pipes-messages.jsonl"
+    context = {
+        "asset_keys": ["training_run"],
+        "code_version_by_asset_key": None,
+        "provenance_by_asset_key": None,
+        "partition_key": None,
+        "partition_key_range": None,
+        "partition_time_window": None,
+        "run_id": "dagster-run",
+        "job_name": None,
+        "retry_number": 0,
+        "extras": {},
+    }
+    monkeypatch.setenv(reporting.PIPES_CONTEXT_ENV_VAR, encode_env_var({"data": context}))
+    monkeypatch.setenv(DAGSTER_PIPES_MESSAGES_ENV_VAR, encode_env_var({"path": str(messages)}))
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.setattr(PipesContext, "_instance", None)  # the process-wide context: one per worker process
+
+    def logged() -> list[str]:
+        lines = [json.loads(line) for line in messages.read_text().splitlines()]
+        return [line["params"]["message"] for line in lines if line["method"] == "log"]
+
+    return logged
+
+
+def test_repeated_lines_reach_dagster_once_per_interval_in_order_and_the_newest_is_kept(
+    pipes_messages, monkeypatch, caplog
+):
+    monkeypatch.setattr(reporting, "PIPES_PROGRESS_SECONDS", 3600.0)
+    reporter = Reporter(enabled=True)
+    with caplog.at_level(logging.INFO, logger="training_platform.worker"):
+        for step in (10, 20, 30):
+            reporter.metrics(step, {"train_loss": 1.0 / step})
+        reporter.progress("checkpoint", "checkpoint step 20")
+        reporter.progress("checkpoint", "checkpoint step 30")
+        reporter.info("finished at step 30")
+        reporter.close()
+    assert pipes_messages() == [
+        "step 10: train_loss=0.1",  # the first line of each kind goes at once
+        "step 30: train_loss=0.03333",  # held back (step 20 was replaced), sent before the next line
+        "checkpoint step 20",
+        "checkpoint step 30",  # held back, sent before the line that followed it
+        "finished at step 30",
+    ]
+    worker_log = [r.getMessage() for r in caplog.records]  # the worker's own log keeps every line
+    assert "step 20: train_loss=0.05" in worker_log and "checkpoint step 30" in worker_log
+
+
+def test_a_held_line_is_sent_at_close(pipes_messages, monkeypatch):
+    monkeypatch.setattr(reporting, "PIPES_PROGRESS_SECONDS", 3600.0)
+    reporter = Reporter(enabled=True)
+    reporter.progress("checkpoint", "checkpoint step 50")
+    reporter.progress("checkpoint", "checkpoint step 100")
+    reporter.close()
+    assert pipes_messages() == ["checkpoint step 50", "checkpoint step 100"]
+
+
+def test_every_line_goes_once_the_interval_passed(pipes_messages, monkeypatch):
+    monkeypatch.setattr(reporting, "PIPES_PROGRESS_SECONDS", 0.0)
+    reporter = Reporter(enabled=True)
+    for step in (1, 2, 3):
+        reporter.metrics(step, {"train_loss": float(step)})
+    reporter.close()
+    assert pipes_messages() == ["step 1: train_loss=1", "step 2: train_loss=2", "step 3: train_loss=3"]

@@ -157,6 +157,29 @@ def test_decoded_shards_are_kept_within_the_byte_budget(snapshot, tmp_path, monk
     assert all(np.array_equal(tight[s].numpy(), roomy[s].numpy()) for s in range(three_epochs))
 
 
+def test_preload_decodes_a_split_that_fits_before_training_and_this_epochs_shards_of_one_that_does_not(
+    snapshot, tmp_path, monkeypatch
+):
+    decoded = []
+    real_read = stream.pq.read_table
+    monkeypatch.setattr(stream.pq, "read_table", lambda path, **kw: decoded.append(path) or real_read(path, **kw))
+    roomy = _batches(snapshot, tmp_path, rank=1, world=2)
+    later = roomy.plan.steps_in_epoch(0) + 3  # resumed in the second epoch
+    roomy.preload(later)
+    assert len(decoded) == len(roomy.refs)  # the whole split, each shard once
+    three_epochs = sum(roomy.plan.steps_in_epoch(epoch) for epoch in range(3))
+    batches = [roomy[step].numpy() for step in range(three_epochs)]
+    assert len(decoded) == len(roomy.refs)  # training decoded nothing more
+
+    decoded.clear()
+    tight = _batches(snapshot, tmp_path, rank=1, world=2)
+    tight.keep_bytes = 2 * max(a.nbytes for a in roomy._decoded.values())
+    tight.preload(later)
+    this_epoch = tight.plan.shards(1)
+    assert len(decoded) == 2 and set(tight._decoded) == set(this_epoch[:2])  # in reading order, within the budget
+    assert all(np.array_equal(tight[s].numpy(), batches[s]) for s in range(three_epochs))
+
+
 def test_plan_refuses_more_ranks_than_shards(snapshot, tmp_path):
     with pytest.raises(SnapshotError, match="fewer than 9 ranks"):
         _batches(snapshot, tmp_path, 0, 9)
