@@ -33,6 +33,8 @@ from training_platform.datasets.manifest import LABEL, SnapshotManifest
 from training_platform.errors import SnapshotError
 
 DECODED_SHARD_BYTES = 256 << 20
+CHUNK_BYTES = 1 << 20  # batches a prefetch worker hands over at once
+MAX_CHUNK_STEPS = 16
 
 
 @lru_cache(maxsize=8)
@@ -183,19 +185,34 @@ class _StepChunks(Dataset):
     def __len__(self) -> int:
         return -(-(self.stop - self.start) // self.chunk)
 
-    def __getitem__(self, index: int) -> torch.Tensor:
+    def __getitem__(self, index: int) -> np.ndarray:
         first = self.start + index * self.chunk
-        return torch.stack([self.batches[step] for step in range(first, min(first + self.chunk, self.stop))])
+        return np.stack([self.batches[step].numpy() for step in range(first, min(first + self.chunk, self.stop))])
+
+
+def _as_is(chunk: np.ndarray) -> np.ndarray:
+    return chunk
 
 
 def batch_loader(
-    batches: StepBatches, start_step: int, stop_step: int, *, workers: int = 2, prefetch: int = 4, chunk: int = 8
+    batches: StepBatches,
+    start_step: int,
+    stop_step: int,
+    *,
+    workers: int = 2,
+    prefetch: int = 4,
+    chunk: int | None = None,
 ) -> Iterator[torch.Tensor]:
     """Batches for steps [start_step, stop_step) in order, decoded ahead of use by worker processes.
 
-    Workers hand over ``chunk`` steps at a time: a small batch costs less to compute than to
-    pass between processes, so one hand-over per step would itself stall the loop.
+    Workers hand over ``chunk`` steps at a time (by default as many as fit CHUNK_BYTES, at most
+    MAX_CHUNK_STEPS): a small batch costs less to compute than to pass between processes, so one
+    hand-over per step would itself stall the loop (GPT tiny, 2 workers: 0.9-1.2% of the step
+    time waiting at 8 steps per hand-over, 0.5% at 16).
     """
+    if chunk is None:
+        batch_bytes = batches.plan.batch_size * len(batches.columns) * np.dtype(np.int64).itemsize
+        chunk = max(1, min(MAX_CHUNK_STEPS, CHUNK_BYTES // batch_bytes))
     if workers == 0:
         yield from (batches[step] for step in range(start_step, stop_step))
         return
@@ -206,6 +223,9 @@ def batch_loader(
         prefetch_factor=prefetch,
         worker_init_fn=_worker_init,
         persistent_workers=False,
+        # Chunks travel pickled through the worker's queue, not as shared-memory tensors: a shared
+        # tensor costs a file descriptor and a mapping per hand-over (2.0-2.9% waiting at 8 steps).
+        collate_fn=_as_is,
     )
     for stacked in loader:
-        yield from stacked.unbind(0)
+        yield from torch.from_numpy(stacked).unbind(0)
