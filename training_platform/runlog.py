@@ -29,12 +29,23 @@ class RunEvents:
             os.close(fd)
 
     def read(self) -> list[dict[str, Any]]:
+        return self.read_from(0)[0]
+
+    def read_from(self, offset: int) -> tuple[list[dict[str, Any]], int]:
+        """The events after byte OFFSET, and the offset to read on from (a line still being written is
+        left for then)."""
         if not self.path.is_file():
-            return []
+            return [], offset
+        with open(self.path, "rb") as handle:
+            handle.seek(offset)
+            lines = handle.read().splitlines(keepends=True)
         events = []
-        for line in self.path.read_text().splitlines():
+        for line in lines:
+            if not line.endswith(b"\n"):
+                break
+            offset += len(line)
             try:
                 events.append(json.loads(line))
             except json.JSONDecodeError:
                 continue  # a line torn by a kill mid-write carries no information
-        return events
+        return events, offset

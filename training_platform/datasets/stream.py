@@ -146,11 +146,10 @@ class StepBatches(Dataset):
         with as many of this epoch's shards as fit. For a reader without prefetch workers.
         """
         first = self.plan.shards(self.plan.position(step)[0])
-        rest = [index for index in range(len(self.refs)) if index not in first]
-        row_bytes = len(self.columns) * np.dtype(np.int64).itemsize
+        rest = sorted(set(range(len(self.refs))) - set(first))
         planned = 0
         for index in [*first, *rest]:
-            planned += self.refs[index].rows * row_bytes
+            planned += self.refs[index].rows * self.row_bytes
             if planned > self.keep_bytes:
                 return
             self._shard(index)
@@ -166,6 +165,11 @@ class StepBatches(Dataset):
         while len(self._decoded) > 1 and sum(a.nbytes for a in self._decoded.values()) > self.keep_bytes:
             self._decoded.popitem(last=False)
         return array
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one decoded row (int64 per column, as _shard decodes it)."""
+        return len(self.columns) * np.dtype(np.int64).itemsize
 
     @cached_property
     def num_rows(self) -> int:
@@ -211,8 +215,7 @@ def batch_loader(
     time waiting at 8 steps per hand-over, 0.5% at 16).
     """
     if chunk is None:
-        batch_bytes = batches.plan.batch_size * len(batches.columns) * np.dtype(np.int64).itemsize
-        chunk = max(1, min(MAX_CHUNK_STEPS, CHUNK_BYTES // batch_bytes))
+        chunk = max(1, min(MAX_CHUNK_STEPS, CHUNK_BYTES // (batches.plan.batch_size * batches.row_bytes)))
     if workers == 0:
         yield from (batches[step] for step in range(start_step, stop_step))
         return

@@ -37,7 +37,7 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
-from training_platform.runlog import EVENTS_FILE
+from training_platform.runlog import RunEvents
 
 # Set (by LocalLauncher, for spot runs) in a job's environment: its agent looks for a standby.
 STANDBY_ENV = "TP_WARM_STANDBY"
@@ -224,26 +224,15 @@ class Standby:
         """
         from training_platform.launch.base import PREEMPTED_MARKER
 
-        events, offset = self.run_dir / EVENTS_FILE, 0
+        events, offset = RunEvents(self.run_dir), 0
         while True:
             if self.watched is None:
                 self._attempt_changed()  # follows a new attempt, if one started cold meanwhile
                 if self.watched is None:
                     return not self._stopped() and (self.run_dir / PREEMPTED_MARKER).is_file()
-            if events.is_file():
-                with open(events, "rb") as handle:
-                    handle.seek(offset)
-                    lines = handle.read().splitlines(keepends=True)
-                for line in lines:
-                    if not line.endswith(b"\n"):
-                        break  # being written: read it whole next time
-                    offset += len(line)
-                    try:
-                        event = json.loads(line)
-                    except ValueError:
-                        continue  # torn by a kill mid-write, as RunEvents.read skips it
-                    if event["kind"] == "first_step" and event["at"] >= since:
-                        return not self._stopped()
+            new, offset = events.read_from(offset)
+            if any(event["kind"] == "first_step" and event["at"] >= since for event in new):
+                return not self._stopped()
             if select.select([self.watched], [], [], 0.5)[0]:
                 os.close(self.watched)
                 self.watched = None

@@ -10,11 +10,14 @@ import pytest
 from assets import ALL_ASSETS
 from definitions import defs
 from sensors.preemption import preemption_sensor
+from tests.fixtures.worker import wait_until
 from training_platform.datasets import build_snapshot
 from training_platform.paths import PlatformHome
 from training_platform.runlog import RunEvents
 from training_platform.runs import read_result, register_run
 from training_platform.spec import parse_spec
+
+SLURM_WAIT_SECONDS = 240  # a preemption and requeue through slurmctld's scheduling cycle
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -45,25 +48,20 @@ def _count(events: RunEvents, kind: str) -> int:
     return sum(1 for e in events.read() if e["kind"] == kind)
 
 
-def _until(condition, what: str, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
-
-
 def _preempt_and_release(cluster, events: RunEvents, job_id: str, number: int) -> None:
     """An on-demand job needs the spot run's CPUs; once Slurm requeued the run, let it start again at once
     (Slurm holds requeued jobs back two minutes, Reason=BeginTime)."""
     cluster.run("sbatch", "--parsable", "--partition=ondemand", "--ntasks=1", "--output=/dev/null", "--wrap=sleep 1")
-    _until(lambda: _count(events, "preempted") >= number, f"preemption {number}")
+    wait_until(lambda: _count(events, "preempted") >= number, SLURM_WAIT_SECONDS, f"preemption {number}")
     deadline = time.monotonic() + 120
     while _count(events, "started") <= number and time.monotonic() < deadline:
         job = cluster.run("scontrol", "show", "job", "-o", job_id).stdout
         if "JobState=PENDING" in job and "Reason=BeginTime" in job:
             cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
         time.sleep(0.3)
-    _until(lambda: _count(events, "first_step") > number, f"resume after preemption {number}")
+    wait_until(
+        lambda: _count(events, "first_step") > number, SLURM_WAIT_SECONDS, f"resume after preemption {number}"
+    )
 
 
 def test_training_run_on_slurm_survives_two_preemptions_and_matches_local(instance, slurm_cluster):
@@ -90,7 +88,7 @@ def test_training_run_on_slurm_survives_two_preemptions_and_matches_local(instan
     worker = threading.Thread(target=lambda: box.update(result=_materialize(instance, "on-slurm", "slurm")))
     worker.start()
     events = RunEvents(home.run_dir("on-slurm"))
-    _until(lambda: _count(events, "first_step") >= 1, "the Slurm job to start training")
+    wait_until(lambda: _count(events, "first_step") >= 1, SLURM_WAIT_SECONDS, "the Slurm job to start training")
     job_id = next(e["job_id"] for e in events.read() if e["kind"] == "submitted")
     for number in (1, 2):
         _preempt_and_release(slurm_cluster, events, job_id, number)

@@ -1,0 +1,24 @@
+"""The run's event log read incrementally: a line still being written waits, a torn one is skipped."""
+
+from __future__ import annotations
+
+from training_platform.runlog import RunEvents
+
+
+def test_reading_on_from_an_offset_leaves_a_half_written_line_for_later(tmp_path):
+    events = RunEvents(tmp_path)
+    assert events.read_from(0) == ([], 0)  # no log yet
+    events.append("started", world_size=2)
+    events.append("first_step")
+    with open(events.path, "ab") as handle:
+        handle.write(b'{"kind": "progress", "st')  # a writer mid-line
+    first, offset = events.read_from(0)
+    assert [e["kind"] for e in first] == ["started", "first_step"]
+    assert offset < events.path.stat().st_size
+    with open(events.path, "ab") as handle:
+        handle.write(b'ep": 10}\n{"kind": "torn by a kill\n')
+    events.append("checkpoint", step=10)
+    later, end = events.read_from(offset)
+    assert [(e["kind"], e.get("step")) for e in later] == [("progress", 10), ("checkpoint", 10)]
+    assert end == events.path.stat().st_size
+    assert [e["kind"] for e in events.read()] == ["started", "first_step", "progress", "checkpoint"]
