@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -42,6 +43,25 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train, track
 console = Console(stderr=True)
 JsonFlag = Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")]
 app.add_typer(cost_app, name="cost")
+
+
+def keep_stop_signals_deliverable() -> None:
+    """Undo SIGINT/SIGTERM being ignored, as a script's background job starts with SIGINT ignored.
+
+    Dagster's in-process execution installs its SIGINT handler on SIGTERM too, so an ignored
+    SIGINT becomes an ignored SIGTERM, which every process started afterwards inherits: the
+    `tail`s Dagster mirrors compute logs with then outlive their run (Dagster stops them with
+    SIGTERM) and hold this process's stdout open; a `tp sweep` under pytest was waited on for good.
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@app.callback()
+def _startup() -> None:
+    keep_stop_signals_deliverable()
 
 
 def _emit(summary: dict[str, Any], as_json: bool) -> None:
