@@ -3,10 +3,12 @@
 The staging buffer is an anonymous shared-memory file (memfd), allocated once and pre-faulted,
 so a snapshot is one memcpy per tensor at memory bandwidth. A separate writer process (see
 writer_process.py; a process, not a thread, so hashing and writing never hold the trainer's
-GIL) reads the buffer and writes the checkpoint. At most one save is in flight: a new save
-either waits for it or is skipped (policy), and never touches the buffer a save is reading.
-A failed or killed background save is reported through `last_error` / `wait()`, not raised
-into the training loop; the next save starts a new writer when needed.
+GIL) reads the buffer and writes the checkpoint. A new save never touches the buffer while
+the writer reads it: under the "wait" policy it waits until the writer has written the previous
+save's chunks (publishing that one goes on meanwhile; it can take a lease settle of a second or
+so); under "skip" it is skipped while an earlier save is unfinished. A failed or killed
+background save is reported through `last_error` / `wait()`, not raised into the training
+loop; the next save starts a new writer when needed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Literal
@@ -115,8 +119,10 @@ class AsyncCheckpointer:
         self._staging: _StagingBuffer | None = None
         self._process: subprocess.Popen | None = None
         self._conn: Connection | None = None
-        self._pending: SaveResult | None = None
-        self._pending_since = 0.0
+        self._pending: deque[tuple[SaveResult, float]] = deque()
+        """saves sent to the writer and not yet answered, oldest first, with when they were sent"""
+        self._snapshot_in_use: SaveResult | None = None
+        """the pending save whose snapshot the writer may still read from the staging buffer"""
         self._writer_ready = False
 
     # ----- public API ------------------------------------------------------------------------
@@ -137,13 +143,43 @@ class AsyncCheckpointer:
         Raises only for the caller's own bugs (an invalid run id, an unsupported type in the
         state); a failed save is reported through `last_error` / `wait()`.
         """
+        self._submit(run_id, step, state, metrics, keep_last=keep_last, release_snapshot=True)
+
+    def save(
+        self,
+        run_id: str,
+        step: int,
+        state: Any,
+        metrics: dict[str, float] | None = None,
+        *,
+        keep_last: int | None = None,
+    ) -> SaveResult:
+        """Save and return once the checkpoint is published (an emergency save before a preemption).
+
+        The writer keeps the snapshot until then, so it can write again a stored chunk that a
+        concurrent garbage collection removed while the save settled.
+        """
+        self._receive(until=lambda: not self._pending)
+        self._submit(run_id, step, state, metrics, keep_last=keep_last, release_snapshot=False)
+        return self.wait()
+
+    def _submit(
+        self,
+        run_id: str,
+        step: int,
+        state: Any,
+        metrics: dict[str, float] | None,
+        *,
+        keep_last: int | None,
+        release_snapshot: bool,
+    ) -> None:
         started = time.perf_counter()
-        if self._pending is not None:
-            self._collect(block=self.policy == "wait")
-            if self._pending is not None:  # policy "skip" and the previous save is still running
-                self.results.append(SaveResult(run_id, step, skipped=True, error="previous save still running"))
-                log.info("checkpoint step %d skipped: step %d is still being written", step, self._pending.step)
-                return
+        self._receive()
+        if self.policy == "skip" and self._pending:
+            self.results.append(SaveResult(run_id, step, skipped=True, error="previous save still running"))
+            log.info("checkpoint step %d skipped: step %d is still being written", step, self._pending[0][0].step)
+            return
+        self._receive(until=lambda: self._snapshot_in_use is None)
         manifest_key(run_id, step)  # a bad run id is the caller's bug: raise it here, now
         skeleton, tensors = flatten_state(state, to_cpu=False)  # so is an unsupported type
         try:
@@ -163,14 +199,16 @@ class AsyncCheckpointer:
             "metrics": metrics or {},
             "stall_seconds": stall,
             "keep_last": keep_last,
+            "release_snapshot": release_snapshot,
         }
-        self._pending = SaveResult(run_id, step, stall_seconds=stall)
-        self._pending_since = time.monotonic()
+        result = SaveResult(run_id, step, stall_seconds=stall)
+        self._pending.append((result, time.monotonic()))
+        self._snapshot_in_use = result
         try:
             self._set_writer_priority(self.priority)
             self._conn.send(request)
         except OSError:
-            self._collect(block=True)  # the writer is gone: record why, restart on the next save
+            self._receive(until=lambda: not self._pending)  # the writer is gone: record why, restart on the next save
 
     def reserve(self, state: Any) -> None:
         """Allocate the staging buffer for a state this size now, before training starts."""
@@ -179,19 +217,19 @@ class AsyncCheckpointer:
         self._ensure_writer()
 
     def wait(self, timeout: float | None = None) -> SaveResult | None:
-        """Block until the in-flight save ends; returns the last save's result (None if none yet)."""
-        self._collect(block=True, timeout=timeout)
+        """Block until every save in flight ends; returns the last save's result (None if none yet)."""
+        self._receive(until=lambda: not self._pending, timeout=timeout)
         return self.results[-1] if self.results else None
 
     @property
     def in_flight(self) -> bool:
-        self._collect(block=False)
-        return self._pending is not None
+        self._receive()
+        return bool(self._pending)
 
     @property
     def last_error(self) -> str | None:
         """The error of the most recent finished save that failed, or None if it succeeded."""
-        self._collect(block=False)
+        self._receive()
         finished = [r for r in self.results if not r.skipped]
         return finished[-1].error if finished else None
 
@@ -200,8 +238,8 @@ class AsyncCheckpointer:
         return self._process.pid if self._process and self._process.poll() is None else None
 
     def close(self) -> None:
-        """Finish the in-flight save, stop the writer, free the staging buffer."""
-        self._collect(block=True)
+        """Finish the saves in flight, stop the writer, free the staging buffer."""
+        self._receive(until=lambda: not self._pending)
         # A writer started but never used may still be starting: it is stopped without a word.
         if self._writer_ready and self._conn is not None and self._process is not None and self._process.poll() is None:
             try:
@@ -315,46 +353,50 @@ class AsyncCheckpointer:
                 os.sched_setscheduler(tid, policy, os.sched_param(0))
                 os.setpriority(os.PRIO_PROCESS, tid, 10 if priority == "low" else 0)
 
-    def _collect(self, block: bool, timeout: float | None = None) -> None:
-        """Take the writer's answer for the in-flight save, if there is one (waiting when `block`)."""
-        if self._pending is None:
-            return
-        if block and self.priority != "normal":
+    def _receive(self, until: Callable[[], bool] | None = None, timeout: float | None = None) -> None:
+        """Take the writer's messages that have arrived; with `until`, wait for more until it holds."""
+        if until is not None and not until() and self.priority != "normal":
             self._set_writer_priority("normal")  # the caller waits on it now
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
+        while self._pending and not (until is not None and until()):
             try:
-                if self._conn is not None and self._conn.poll(0.05 if block else 0):
-                    self._finish(self._conn.recv())
-                    return
+                if self._conn is not None and self._conn.poll(0 if until is None else 0.05):
+                    self._take(self._conn.recv())
+                    continue
             except (EOFError, OSError):
                 pass
             if self._process is None or self._process.poll() is not None:
-                code = None if self._process is None else self._process.returncode
-                self._finish(
-                    {
-                        "ok": False,
-                        "error": f"the background checkpoint writer died (exit code {code}) while saving; "
-                        "the previous checkpoint is intact and the next save starts a new writer",
-                    }
-                )
-                self._stop_writer()
+                self._writer_died()
                 return
-            if not block or (deadline is not None and time.monotonic() > deadline):
+            if until is None or (deadline is not None and time.monotonic() > deadline):
                 return
 
-    def _finish(self, reply: dict) -> None:
-        result = self._pending
-        self._pending = None
-        result.background_seconds = time.monotonic() - self._pending_since
-        if reply.get("ok"):
-            manifest = CheckpointManifest.model_validate_json(reply["manifest"])
+    def _take(self, message: dict) -> None:
+        if "released" in message:  # the writer has read the oldest held snapshot
+            self._snapshot_in_use = None
+            return
+        result, sent_at = self._pending.popleft()
+        if result is self._snapshot_in_use:
+            self._snapshot_in_use = None
+        result.background_seconds = time.monotonic() - sent_at
+        if message.get("ok"):
+            manifest = CheckpointManifest.model_validate_json(message["manifest"])
             key = f"runs/{manifest.run_id}/{manifest.step:012d}.json"
-            result.manifest = manifest.model_copy(update={"uri": f"{reply['uri']}/{key}", "tier": "hot"})
-            result.pruned, result.prune_error = reply.get("pruned", []), reply.get("prune_error")
+            result.manifest = manifest.model_copy(update={"uri": f"{message['uri']}/{key}", "tier": "hot"})
+            result.pruned, result.prune_error = message.get("pruned", []), message.get("prune_error")
         else:
-            result.error = reply.get("error", "unknown error")
+            result.error = message.get("error", "unknown error")
         self._record(result)
+
+    def _writer_died(self) -> None:
+        code = None if self._process is None else self._process.returncode
+        error = (
+            f"the background checkpoint writer died (exit code {code}) while saving; "
+            "the previous checkpoint is intact and the next save starts a new writer"
+        )
+        while self._pending:
+            self._take({"ok": False, "error": error})
+        self._stop_writer()
 
     def _record(self, result: SaveResult) -> None:
         if result.error:

@@ -9,7 +9,10 @@ release the GIL, so a small thread pool keeps both the CPU and the disk busy.
 
 GC safety (see retention.gc): chunks this save found already present are listed in a lease
 object before they are re-checked, and the re-check happens at least LEASE_SETTLE_SECONDS
-after the lease became visible, longer than GC's lease-to-delete window.
+after the lease became visible, longer than GC's lease-to-delete window. A save is therefore
+staged (chunks written, lease put: `stage_checkpoint`) and then finished (settle, re-check,
+manifest: `StagedCheckpoint.finish`); the background writer lets the trainer reuse its snapshot
+buffer in between, so a save that settles does not hold up the next one.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from training_platform.checkpoints.layout import chunk_key, lease_key, manifest_key
 from training_platform.checkpoints.manifest import (
@@ -36,6 +40,7 @@ from training_platform.checkpoints.manifest import (
     TensorRef,
 )
 from training_platform.checkpoints.storage import Storage
+from training_platform.errors import CheckpointError
 
 CHUNK_BYTES = 64 << 20
 PACK_BELOW_BYTES = 4 << 20
@@ -61,7 +66,8 @@ class SaveStats:
     bytes_deduplicated: int = 0
     stall_seconds: float = 0.0
     background_seconds: float = 0.0
-    _reused: dict[str, memoryview] = field(default_factory=dict, repr=False)
+    _reused: dict[str, memoryview | None] = field(default_factory=dict, repr=False)
+    """chunks this save found already stored: digest -> its bytes (None once the snapshot is released)"""
 
 
 class _ChunkSink:
@@ -155,27 +161,50 @@ def write_chunks(
                 handle.close()
 
 
+def settle_seconds(requested: float) -> float:
+    return max(requested, MIN_SETTLE_SECONDS)
+
+
+def lease_reused(storage: Storage, run_id: str, step: int, digests: set[str], stats: SaveStats) -> str | None:
+    """List the chunks this save references in a lease, when it reused any; returns the lease key."""
+    if not stats._reused:
+        return None
+    key = lease_key(uuid.uuid4().hex)
+    storage.put(key, json.dumps({"run_id": run_id, "step": step, "chunks": sorted(digests)}).encode())
+    return key
+
+
+def recheck_reused(storage: Storage, stats: SaveStats) -> None:
+    """After the settle: write again each reused chunk a concurrent GC removed meanwhile."""
+    for digest, piece in stats._reused.items():
+        if storage.exists(chunk_key(digest)):
+            continue
+        if piece is None:
+            raise CheckpointError(
+                f"chunk {digest}, which this save found already stored, was deleted by a garbage collection "
+                "while the save settled, after its snapshot was released; this checkpoint is not published "
+                "(the previous one stays) and the next save writes the chunk again"
+            )
+        storage.put(chunk_key(digest), piece)
+    stats._reused.clear()
+
+
 def protect_reused(
     storage: Storage,
     run_id: str,
     step: int,
     digests: set[str],
     stats: SaveStats,
-    settle_seconds: float = LEASE_SETTLE_SECONDS,
+    settle: float = LEASE_SETTLE_SECONDS,
 ) -> str | None:
     """Lease the chunks this save references, then re-check those it did not write (see retention.py).
 
     Returns the lease key, to delete once the manifest is written (None when nothing was reused).
     """
-    if not stats._reused:
-        return None
-    key = lease_key(uuid.uuid4().hex)
-    storage.put(key, json.dumps({"run_id": run_id, "step": step, "chunks": sorted(digests)}).encode())
-    time.sleep(max(settle_seconds, MIN_SETTLE_SECONDS))
-    for digest, piece in stats._reused.items():
-        if not storage.exists(chunk_key(digest)):
-            storage.put(chunk_key(digest), piece)
-    stats._reused.clear()
+    key = lease_reused(storage, run_id, step, digests, stats)
+    if key:
+        time.sleep(settle_seconds(settle))
+        recheck_reused(storage, stats)
     return key
 
 
@@ -189,7 +218,44 @@ def publish(storage: Storage, manifest: CheckpointManifest, leases: Sequence[str
     return manifest
 
 
-def write_checkpoint(
+@dataclass
+class StagedCheckpoint:
+    """A checkpoint whose chunks are written and whose reused chunks are leased; `finish` lets
+    the lease settle, re-checks them and publishes the manifest."""
+
+    storage: Storage
+    manifest: CheckpointManifest
+    stats: SaveStats
+    lease: str | None
+    settled_at: float
+    """monotonic time from which the reused chunks can be re-checked"""
+    started: float
+
+    def release_snapshot(self) -> None:
+        """Drop the references into the caller's buffer, which it is about to reuse: a reused
+        chunk removed while this save settles then fails the save instead of being rewritten."""
+        self.stats._reused = dict.fromkeys(self.stats._reused)
+
+    def finish(self) -> CheckpointManifest:
+        time.sleep(max(0.0, self.settled_at - time.monotonic()))
+        try:
+            recheck_reused(self.storage, self.stats)
+        except Exception:
+            if self.lease:  # not published: its lease would keep the chunks from GC for a day
+                self.storage.delete(self.lease)
+            raise
+        stats = self.stats
+        stats.background_seconds = time.monotonic() - self.started
+        self.manifest.save = SaveRecord(
+            bytes_written=stats.bytes_written,
+            bytes_deduplicated=stats.bytes_deduplicated,
+            stall_seconds=stats.stall_seconds,
+            background_seconds=stats.background_seconds,
+        )
+        return publish(self.storage, self.manifest, [self.lease])
+
+
+def stage_checkpoint(
     storage: Storage,
     run_id: str,
     step: int,
@@ -202,13 +268,12 @@ def write_checkpoint(
     stall_seconds: float = 0.0,
     workers: int = WRITE_WORKERS,
     lease_settle_seconds: float = LEASE_SETTLE_SECONDS,
-) -> tuple[CheckpointManifest, SaveStats]:
-    """Write chunks, then the manifest; returns the sealed manifest (uri unset) and stats."""
+) -> StagedCheckpoint:
+    """Write the chunks and lease the reused ones; the manifest comes with `finish`."""
     started = time.monotonic()
     manifest_key(run_id, step)  # refuse a bad run id before writing anything
     written = write_chunks(storage, skeleton=skeleton, blobs=blobs, files=files, workers=workers)
-    stats = written.stats
-    stats.stall_seconds = stall_seconds
+    written.stats.stall_seconds = stall_seconds
     manifest = CheckpointManifest(
         run_id=run_id,
         step=step,
@@ -219,16 +284,18 @@ def write_checkpoint(
         metrics=metrics or {},
         attributes=attributes or {},
     )
-    digests = {ref.sha256 for ref in manifest.chunks}
-    lease = protect_reused(storage, run_id, step, digests, stats, lease_settle_seconds)
-    stats.background_seconds = time.monotonic() - started
-    manifest.save = SaveRecord(
-        bytes_written=stats.bytes_written,
-        bytes_deduplicated=stats.bytes_deduplicated,
-        stall_seconds=stats.stall_seconds,
-        background_seconds=stats.background_seconds,
-    )
-    return publish(storage, manifest, [lease]), stats
+    lease = lease_reused(storage, run_id, step, {ref.sha256 for ref in manifest.chunks}, written.stats)
+    settle = settle_seconds(lease_settle_seconds) if lease else 0.0
+    return StagedCheckpoint(storage, manifest, written.stats, lease, time.monotonic() + settle, started)
+
+
+def write_checkpoint(storage: Storage, run_id: str, step: int, **options: Any) -> tuple[CheckpointManifest, SaveStats]:
+    """Write chunks, then the manifest; returns the sealed manifest (uri unset) and stats.
+
+    Options: those of `stage_checkpoint`.
+    """
+    staged = stage_checkpoint(storage, run_id, step, **options)
+    return staged.finish(), staged.stats
 
 
 def _plan_tensors(blobs: Sequence[Blob]) -> list[tuple[list[memoryview], int]]:

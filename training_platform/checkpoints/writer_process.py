@@ -5,7 +5,13 @@ Started by AsyncCheckpointer as ``python -m training_platform.checkpoints.writer
 trainer, so it works under torchrun). It imports no torch. It reads the snapshot from the
 trainer's memfd staging buffer through /proc, writes chunks and the manifest, applies the
 run's retention when asked (`keep_last`), and answers with the manifest or the error. When
-the trainer goes away its socket closes and this exits.
+the trainer goes away its socket closes and this exits, after finishing the saves it took.
+
+Two stages per save: the main loop writes the chunks, then (unless the trainer waits for this
+save) tells the trainer it may reuse its buffer ("released"); a publisher thread finishes the
+saves in order (a save that reused stored chunks waits out the lease settle, a second or so,
+before its manifest goes out) and sends each answer. So a run whose saves reuse chunks (a
+reproduction re-saves the same bytes) does not stall its loop on every settle.
 """
 
 from __future__ import annotations
@@ -13,14 +19,17 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import queue
 import signal
 import socket
 import sys
+import threading
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from training_platform.checkpoints.store import CheckpointStore
-from training_platform.checkpoints.writer import Blob, write_checkpoint
+from training_platform.checkpoints.writer import Blob, StagedCheckpoint, stage_checkpoint
 
 
 class _Staging:
@@ -45,45 +54,99 @@ class _Staging:
         self.map, self.key = None, None
 
 
+class _Publisher:
+    """Runs the answers' jobs in the order the saves came, on a thread of its own."""
+
+    def __init__(self, send: Callable[[dict], None]):
+        self._send = send
+        self._jobs: queue.Queue[Callable[[], dict] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="tp-ckpt-publish", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], dict]) -> None:
+        self._jobs.put(job)
+
+    def drain(self) -> None:
+        """Finish every job submitted so far, then stop."""
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                reply = job()
+            except Exception as exc:  # reported to the trainer, never raised into its loop
+                reply = {"ok": False, "error": _describe(exc)}
+            with contextlib.suppress(OSError):  # the trainer is gone; finish the remaining saves anyway
+                self._send(reply)
+
+
 def serve(conn: Connection) -> None:
     init = conn.recv()
     storage, settle = init["storage"], init["lease_settle_seconds"]
     store = CheckpointStore(storage, init.get("cold"), lease_settle_seconds=settle)
     staging = _Staging()
-    conn.send({"ready": True, "pid": os.getpid()})
-    while True:
-        try:
-            request = conn.recv()
-        except EOFError:
-            return
-        if request["op"] == "stop":
-            conn.send({"stopped": True})
-            return
-        buffer = blobs = None
-        try:
-            buffer = staging.view(*request["staging"])
-            blobs = [
-                Blob(data=buffer[offset : offset + size], dtype=dtype, shape=shape)
-                for offset, size, dtype, shape in request["tensors"]
-            ]
-            manifest, stats = write_checkpoint(
-                storage,
-                request["run_id"],
-                request["step"],
-                skeleton=request["skeleton"],
-                blobs=blobs,
-                metrics=request["metrics"],
-                stall_seconds=request["stall_seconds"],
-                lease_settle_seconds=settle,
-            )
-            reply = {"ok": True, "manifest": manifest.model_dump_json(), "uri": storage.uri}
-            if request.get("keep_last"):
-                reply |= _retain(store, request["run_id"], request["keep_last"])
-            conn.send(reply)
-        except Exception as exc:  # reported to the trainer, never raised into its loop
-            conn.send({"ok": False, "error": _describe(exc)})
-        finally:
-            del buffer, blobs  # release the staging views so a grown buffer can be remapped
+    sending = threading.Lock()  # the main loop and the publisher both answer
+
+    def send(message: dict) -> None:
+        with sending:
+            conn.send(message)
+
+    publisher = _Publisher(send)
+    send({"ready": True, "pid": os.getpid()})
+    try:
+        while True:
+            try:
+                request = conn.recv()
+            except EOFError:
+                return
+            if request["op"] == "stop":
+                publisher.drain()
+                send({"stopped": True})
+                return
+            publisher.submit(_stage(request, staging, store, send))
+    finally:
+        publisher.drain()
+
+
+def _stage(
+    request: dict, staging: _Staging, store: CheckpointStore, send: Callable[[dict], None]
+) -> Callable[[], dict]:
+    """Write one save's chunks from the staging buffer; returns the job that publishes it."""
+    buffer = blobs = None
+    try:
+        buffer = staging.view(*request["staging"])
+        blobs = [
+            Blob(data=buffer[offset : offset + size], dtype=dtype, shape=shape)
+            for offset, size, dtype, shape in request["tensors"]
+        ]
+        staged = stage_checkpoint(
+            store.storage,
+            request["run_id"],
+            request["step"],
+            skeleton=request["skeleton"],
+            blobs=blobs,
+            metrics=request["metrics"],
+            stall_seconds=request["stall_seconds"],
+            lease_settle_seconds=store.lease_settle_seconds,
+        )
+    except Exception as exc:
+        error = {"ok": False, "error": _describe(exc)}
+        return lambda: error
+    finally:
+        del buffer, blobs  # release the staging views so a grown buffer can be remapped
+    if request["release_snapshot"]:
+        staged.release_snapshot()
+        send({"released": request["step"]})
+    return lambda: _publish(staged, store, request["run_id"], request.get("keep_last"))
+
+
+def _publish(staged: StagedCheckpoint, store: CheckpointStore, run_id: str, keep_last: int | None) -> dict:
+    manifest = staged.finish()
+    reply = {"ok": True, "manifest": manifest.model_dump_json(), "uri": store.storage.uri}
+    if keep_last:
+        reply |= _retain(store, run_id, keep_last)
+    return reply
 
 
 def _retain(store: CheckpointStore, run_id: str, keep_last: int) -> dict:

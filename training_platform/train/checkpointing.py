@@ -2,8 +2,8 @@
 
 With `checkpoint.async_save` (the default) the training loop blocks only while the state is
 copied into shared memory; a separate writer process hashes, deduplicates and writes it, then
-applies retention (`keep_last`), so the save does not fight the loop for the GIL. At most one
-save is in flight: a new one waits for it.
+applies retention (`keep_last`), so the save does not fight the loop for the GIL. A new save
+waits until the writer has read the previous one's snapshot, not until that one is published.
 """
 
 from __future__ import annotations
@@ -47,9 +47,10 @@ class RunCheckpointer:
             self.store.prune(self.key, self.keep_last)
             self.on_saved(manifest)
             return
-        self._saver.save_async(self.key, step, state, metrics, keep_last=self.keep_last)
         if wait:
-            self._saver.wait()
+            self._saver.save(self.key, step, state, metrics, keep_last=self.keep_last)
+        else:
+            self._saver.save_async(self.key, step, state, metrics, keep_last=self.keep_last)
         self._collect()
 
     def flush(self) -> None:
