@@ -4,8 +4,9 @@ Only the main rank reports. Pipes is opened only when the launcher set it up, so
 worker runs under Dagster, from a shell, or in a pod without Dagster.
 
 MLflow metrics are buffered and written in one batch every MLFLOW_FLUSH_SECONDS and when the
-run ends: one database transaction per log step cost 5% of a small model's steps. Points keep
-the time they were taken.
+run ends: one database transaction per log step cost 5% of a small model's steps, and a batch
+every 5 s still took rank 0 ~45 ms per 9 s of a GPT-tiny loop on two busy cores (0.5%). Points
+keep the time they were taken, so MLflow's curves are exact, only up to 30 s late.
 
 Lines that repeat through a run (metrics, checkpoints) reach Dagster's run log at most once per
 PIPES_PROGRESS_SECONDS each: every Pipes log line becomes an event-log transaction in the Dagster
@@ -25,7 +26,7 @@ from typing import Any
 
 log = logging.getLogger("training_platform.worker")
 PIPES_CONTEXT_ENV_VAR = "DAGSTER_PIPES_CONTEXT"  # dagster_pipes.DAGSTER_PIPES_CONTEXT_ENV_VAR
-MLFLOW_FLUSH_SECONDS = 5.0
+MLFLOW_FLUSH_SECONDS = 30.0
 PIPES_PROGRESS_SECONDS = 10.0
 
 
