@@ -178,7 +178,7 @@ class TrainingSession:
         Periodic saves are written in the background; `wait=True` (emergency checkpoints) returns
         only once the checkpoint is durable in the store.
         """
-        rng_states = distributed.all_gather_objects(distributed.rng_state(), self.dist)
+        rng_states = distributed.all_gather_rng_states(self.dist)
         if not self.dist.is_main:
             return
         self._last_model_state = state.get("model")  # a reference, for a pruned trial's weights hash

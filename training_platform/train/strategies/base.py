@@ -62,7 +62,7 @@ class Strategy(ABC):
 
     # ----- shared bookkeeping -------------------------------------------------------------------
     def gathered_rng(self) -> list[dict[str, Any]]:
-        return distributed.all_gather_objects(distributed.rng_state(), self.session.dist)
+        return distributed.all_gather_rng_states(self.session.dist)
 
     def set_rng(self, rng_states: list[dict[str, Any]]) -> None:
         distributed.set_rng_state(rng_states[self.session.dist.rank % len(rng_states)])

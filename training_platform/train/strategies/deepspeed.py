@@ -66,10 +66,6 @@ class DeepSpeedStrategy(Strategy):
         import deepspeed
 
         _ensure_process_group(self.session.dist.backend)
-        # Deterministic mode fills every torch.empty with NaN; DeepSpeed allocates buckets of
-        # hundreds of millions of elements, which made each CPU step take seconds. Its buffers
-        # are written before they are read, so the fill buys nothing here.
-        torch.utils.deterministic.fill_uninitialized_memory = False
         deepspeed.init_distributed(dist_backend=self.session.dist.backend)
         self.stage = self.session.spec.deepspeed.zero_stage
         optimizer = make_optimizer(model.parameters())
