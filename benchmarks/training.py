@@ -2,7 +2,9 @@
 
 Prints one ``name: value`` line per figure (definitions and targets: issue 6), then the
 measurements behind them as ``detail_*`` lines. Each comparison alternates its two sides
-``--repeats`` times and reports medians: this machine's CPUs are shared and noisy.
+``--repeats`` times and reports medians: this machine's CPUs are shared and noisy (the speed of
+the same bare run drifts by several percent over minutes; ``detail_paired_overhead_ratios``
+shows each repeat's bare / tp pair, taken back to back).
 
   platform_overhead_ratio  steps/s of a bare torchrun script (same GPT, data, batches, evaluation)
                            / steps/s of the same run through `tp train` (Dagster, MLflow, checkpoints
@@ -18,7 +20,7 @@ measurements behind them as ``detail_*`` lines. Each comparison alternates its t
   startup_seconds          seconds from `tp train` to its first training step, minus the same for the
                            bare script under torchrun
 
-    python benchmarks/training.py               # about 4 minutes on 2 loaded cores
+    python benchmarks/training.py               # about 5 minutes on 2 loaded cores
     python benchmarks/training.py --repeats 1   # quicker, noisier
 """
 
@@ -277,7 +279,7 @@ def stall_side(home: Path, streaming: bool, steps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300, help="training steps per overhead run")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -322,6 +324,7 @@ def main() -> None:
     print(f"startup_seconds: {statistics.median(tp_start) - statistics.median(bare_start):.1f}")
     print(f"detail_bare_steps_per_s: {[round(v, 2) for v in bare]}")
     print(f"detail_tp_train_steps_per_s: {[round(v, 2) for v in tp]}")
+    print(f"detail_paired_overhead_ratios: {[round(b / t, 3) for b, t in zip(bare, tp, strict=True)]}")
     print(f"detail_tp_train_status: {statuses}")
     print(f"detail_bare_startup_s: {[round(v, 1) for v in bare_start]}")
     print(f"detail_tp_train_startup_s: {[round(v, 1) for v in tp_start]}")
