@@ -38,6 +38,7 @@ from training_platform.errors import CheckpointError
 log = logging.getLogger(__name__)
 
 _ALIGN = 64
+KEPT_RESULTS = 100
 
 
 @dataclass
@@ -116,6 +117,9 @@ class AsyncCheckpointer:
         self.priority = priority
         self.start_timeout = start_timeout
         self.results: list[SaveResult] = []
+        """the newest KEPT_RESULTS results, oldest first"""
+        self.recorded = 0
+        """how many results there have been in all (`results` keeps only the newest)"""
         self._staging: _StagingBuffer | None = None
         self._process: subprocess.Popen | None = None
         self._conn: Connection | None = None
@@ -176,8 +180,8 @@ class AsyncCheckpointer:
         started = time.perf_counter()
         self._receive()
         if self.policy == "skip" and self._pending:
-            self.results.append(SaveResult(run_id, step, skipped=True, error="previous save still running"))
             log.info("checkpoint step %d skipped: step %d is still being written", step, self._pending[0][0].step)
+            self._record(SaveResult(run_id, step, skipped=True, error="previous save still running"))
             return
         self._receive(until=lambda: self._snapshot_in_use is None)
         manifest_key(run_id, step)  # a bad run id is the caller's bug: raise it here, now
@@ -212,6 +216,7 @@ class AsyncCheckpointer:
 
     def reserve(self, state: Any) -> None:
         """Allocate the staging buffer for a state this size now, before training starts."""
+        self._receive(until=lambda: self._snapshot_in_use is None)  # the writer may still read the old one
         _, tensors = flatten_state(state, to_cpu=False)
         self._ensure_buffer(sum(_aligned(t.numel() * t.element_size()) for t in tensors))
         self._ensure_writer()
@@ -399,10 +404,11 @@ class AsyncCheckpointer:
         self._stop_writer()
 
     def _record(self, result: SaveResult) -> None:
-        if result.error:
+        if result.error and not result.skipped:
             log.warning("checkpoint step %d of run %s failed: %s", result.step, result.run_id, result.error)
         self.results.append(result)
-        del self.results[:-100]  # a long run keeps only recent results in memory
+        self.recorded += 1
+        del self.results[:-KEPT_RESULTS]  # a long run keeps only recent results in memory
 
 
 def _aligned(size: int) -> int:

@@ -240,19 +240,20 @@ class StagedCheckpoint:
         time.sleep(max(0.0, self.settled_at - time.monotonic()))
         try:
             recheck_reused(self.storage, self.stats)
+            stats = self.stats
+            stats.background_seconds = time.monotonic() - self.started
+            self.manifest.save = SaveRecord(
+                bytes_written=stats.bytes_written,
+                bytes_deduplicated=stats.bytes_deduplicated,
+                stall_seconds=stats.stall_seconds,
+                background_seconds=stats.background_seconds,
+            )
+            return publish(self.storage, self.manifest, [self.lease])
         except Exception:
-            if self.lease:  # not published: its lease would keep the chunks from GC for a day
-                self.storage.delete(self.lease)
+            if self.lease:  # a lease left behind would keep the chunks from GC for a day
+                with contextlib.suppress(Exception):  # the error that matters is the one raised
+                    self.storage.delete(self.lease)
             raise
-        stats = self.stats
-        stats.background_seconds = time.monotonic() - self.started
-        self.manifest.save = SaveRecord(
-            bytes_written=stats.bytes_written,
-            bytes_deduplicated=stats.bytes_deduplicated,
-            stall_seconds=stats.stall_seconds,
-            background_seconds=stats.background_seconds,
-        )
-        return publish(self.storage, self.manifest, [self.lease])
 
 
 def stage_checkpoint(

@@ -113,7 +113,7 @@ def _stage(
     request: dict, staging: _Staging, store: CheckpointStore, send: Callable[[dict], None]
 ) -> Callable[[], dict]:
     """Write one save's chunks from the staging buffer; returns the job that publishes it."""
-    buffer = blobs = None
+    buffer = blobs = staged = None
     try:
         buffer = staging.view(*request["staging"])
         blobs = [
@@ -131,13 +131,17 @@ def _stage(
             lease_settle_seconds=store.lease_settle_seconds,
         )
     except Exception as exc:
-        error = {"ok": False, "error": _describe(exc)}
-        return lambda: error
+        failure = {"ok": False, "error": _describe(exc)}
     finally:
         del buffer, blobs  # release the staging views so a grown buffer can be remapped
     if request["release_snapshot"]:
-        staged.release_snapshot()
-        send({"released": request["step"]})
+        if staged is not None:
+            staged.release_snapshot()
+        # A trainer that went away does not keep the saves it handed over from being finished.
+        with contextlib.suppress(OSError):
+            send({"released": request["step"]})
+    if staged is None:
+        return lambda: failure  # answered in order, after the saves before it
     return lambda: _publish(staged, store, request["run_id"], request.get("keep_last"))
 
 

@@ -65,11 +65,13 @@ class RunCheckpointer:
             self._saver.close()
 
     def _collect(self) -> None:
-        for result in self._saver.results[self._seen :]:
+        # By count, not by index: the saver keeps only its newest results.
+        fresh = self._saver.recorded - self._seen
+        for result in self._saver.results[-fresh:] if fresh else []:
             if result.prune_error:
                 log.warning("older checkpoints of %s stay: retention failed: %s", self.key, result.prune_error)
             if result.ok:
                 self.on_saved(result.manifest)
             elif not result.skipped:
                 self.on_failed(result.step, result.error or "unknown error")
-        self._seen = len(self._saver.results)
+        self._seen = self._saver.recorded

@@ -104,7 +104,7 @@ def set_rng_state(state: dict) -> None:
 
 
 RNG_STATE_BYTES = 1 << 16
-"""Room for one rank's pickled RNG states: 12 KB on CPU, 16 bytes more per visible GPU."""
+"""Room for one rank's pickled RNG states: 12 KB on CPU, plus a small tensor per visible GPU."""
 
 
 def all_gather_rng_states(info: DistInfo) -> list[dict]:

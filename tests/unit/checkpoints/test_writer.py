@@ -15,9 +15,7 @@ from training_platform.errors import CheckpointError
 
 @pytest.fixture
 def store(tmp_path, small_chunks) -> CheckpointStore:
-    store = open_store(tmp_path / "store")
-    store.lease_settle_seconds = 0.0
-    return store
+    return open_store(tmp_path / "store")
 
 
 def weights(seed: int) -> torch.Tensor:
@@ -26,7 +24,7 @@ def weights(seed: int) -> torch.Tensor:
 
 def save_parts(seed: int) -> dict:
     skeleton, tensors = flatten_state({"w": weights(seed)})
-    return {"skeleton": skeleton, "blobs": [tensor_blob(t) for t in tensors]}
+    return {"skeleton": skeleton, "blobs": [tensor_blob(t) for t in tensors], "lease_settle_seconds": 0.0}
 
 
 def orphaned_chunks(store: CheckpointStore, parts: dict) -> list[str]:
