@@ -138,52 +138,26 @@ class AsyncCheckpointer:
         metrics: dict[str, float] | None = None,
         *,
         keep_last: int | None = None,
+        keep_snapshot: bool = False,
     ) -> None:
         """Snapshot `state` into the staging buffer and hand it to the writer.
 
         With `keep_last`, the writer then removes the run's checkpoints beyond the newest
-        `keep_last` (pins kept), so retention's deletes stay off the caller's thread too.
+        `keep_last` (pins kept), so retention's deletes stay off the caller's thread too. With
+        `keep_snapshot`, the writer holds the snapshot until the checkpoint is published (the next
+        save waits that long), so it can write again a stored chunk that a concurrent garbage
+        collection removed while the save settled.
 
         Raises only for the caller's own bugs (an invalid run id, an unsupported type in the
         state); a failed save is reported through `last_error` / `wait()`.
         """
-        self._submit(run_id, step, state, metrics, keep_last=keep_last, release_snapshot=True)
-
-    def save(
-        self,
-        run_id: str,
-        step: int,
-        state: Any,
-        metrics: dict[str, float] | None = None,
-        *,
-        keep_last: int | None = None,
-    ) -> SaveResult:
-        """Save and return once the checkpoint is published (an emergency save before a preemption).
-
-        The writer keeps the snapshot until then, so it can write again a stored chunk that a
-        concurrent garbage collection removed while the save settled.
-        """
-        self._receive(until=lambda: not self._pending)
-        self._submit(run_id, step, state, metrics, keep_last=keep_last, release_snapshot=False)
-        return self.wait()
-
-    def _submit(
-        self,
-        run_id: str,
-        step: int,
-        state: Any,
-        metrics: dict[str, float] | None,
-        *,
-        keep_last: int | None,
-        release_snapshot: bool,
-    ) -> None:
         started = time.perf_counter()
         self._receive()
         if self.policy == "skip" and self._pending:
             log.info("checkpoint step %d skipped: step %d is still being written", step, self._pending[0][0].step)
             self._record(SaveResult(run_id, step, skipped=True, error="previous save still running"))
             return
-        self._receive(until=lambda: self._snapshot_in_use is None)
+        self._wait_for_staging()
         manifest_key(run_id, step)  # a bad run id is the caller's bug: raise it here, now
         skeleton, tensors = flatten_state(state, to_cpu=False)  # so is an unsupported type
         try:
@@ -203,7 +177,7 @@ class AsyncCheckpointer:
             "metrics": metrics or {},
             "stall_seconds": stall,
             "keep_last": keep_last,
-            "release_snapshot": release_snapshot,
+            "keep_snapshot": keep_snapshot,
         }
         result = SaveResult(run_id, step, stall_seconds=stall)
         self._pending.append((result, time.monotonic()))
@@ -212,11 +186,25 @@ class AsyncCheckpointer:
             self._set_writer_priority(self.priority)
             self._conn.send(request)
         except OSError:
-            self._receive(until=lambda: not self._pending)  # the writer is gone: record why, restart on the next save
+            self.wait()  # the writer is gone: record why, restart on the next save
+
+    def save(
+        self,
+        run_id: str,
+        step: int,
+        state: Any,
+        metrics: dict[str, float] | None = None,
+        *,
+        keep_last: int | None = None,
+    ) -> SaveResult:
+        """Save and return once the checkpoint is published (an emergency save before a preemption)."""
+        self.wait()
+        self.save_async(run_id, step, state, metrics, keep_last=keep_last, keep_snapshot=True)
+        return self.wait()
 
     def reserve(self, state: Any) -> None:
         """Allocate the staging buffer for a state this size now, before training starts."""
-        self._receive(until=lambda: self._snapshot_in_use is None)  # the writer may still read the old one
+        self._wait_for_staging()
         _, tensors = flatten_state(state, to_cpu=False)
         self._ensure_buffer(sum(_aligned(t.numel() * t.element_size()) for t in tensors))
         self._ensure_writer()
@@ -244,7 +232,7 @@ class AsyncCheckpointer:
 
     def close(self) -> None:
         """Finish the saves in flight, stop the writer, free the staging buffer."""
-        self._receive(until=lambda: not self._pending)
+        self.wait()
         # A writer started but never used may still be starting: it is stopped without a word.
         if self._writer_ready and self._conn is not None and self._process is not None and self._process.poll() is None:
             try:
@@ -375,6 +363,10 @@ class AsyncCheckpointer:
                 return
             if until is None or (deadline is not None and time.monotonic() > deadline):
                 return
+
+    def _wait_for_staging(self) -> None:
+        """Until the writer no longer reads the staging buffer (it may then be overwritten or replaced)."""
+        self._receive(until=lambda: self._snapshot_in_use is None)
 
     def _take(self, message: dict) -> None:
         if "released" in message:  # the writer has read the oldest held snapshot

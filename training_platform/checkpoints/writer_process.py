@@ -134,7 +134,7 @@ def _stage(
         failure = {"ok": False, "error": _describe(exc)}
     finally:
         del buffer, blobs  # release the staging views so a grown buffer can be remapped
-    if request["release_snapshot"]:
+    if not request["keep_snapshot"]:
         if staged is not None:
             staged.release_snapshot()
         # A trainer that went away does not keep the saves it handed over from being finished.
