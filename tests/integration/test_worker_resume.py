@@ -5,6 +5,7 @@ import os
 import random
 import signal
 import threading
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -12,12 +13,13 @@ import pytest
 
 from tests.fixtures.worker import job_pid, launch, train, wait, wait_for_step, wait_until
 from training_platform.checkpoints import open_store
+from training_platform.checkpoints.interval import FIRST_AUTO_STEPS
 from training_platform.datasets import build_snapshot
 from training_platform.launch import JobState, standby
 from training_platform.launch.local import LOG_FILE, LocalLauncher
 from training_platform.preemption import summarize
 from training_platform.runlog import RunEvents
-from training_platform.spec import parse_spec
+from training_platform.spec import CheckpointSpec, parse_spec
 
 pytestmark = pytest.mark.integration
 
@@ -56,6 +58,29 @@ def test_uninterrupted_run_checkpoints_and_is_deterministic(home, uninterrupted)
     assert again["final_weights_sha256"] == uninterrupted["final_weights_sha256"]
     other_seed = train(home, "other-seed", _spec(home, seed=1))
     assert other_seed["final_weights_sha256"] != uninterrupted["final_weights_sha256"]
+
+
+def test_auto_interval_is_measured_agreed_by_both_ranks_and_recorded(home, uninterrupted):
+    spec = _spec(home, max_steps=600).model_copy(
+        update={
+            "checkpoint": CheckpointSpec(
+                every_steps="auto", mtbf_seconds=0.2, keep_last=5, store_uri=str(home / "checkpoints")
+            )
+        }
+    )
+    train(home, "auto-interval", spec)
+    events = RunEvents(home / "runs" / "auto-interval").read()
+    chosen = [e for e in events if e["kind"] == "checkpoint_interval"]
+    assert chosen, "no interval was chosen"
+    for choice in chosen:
+        assert choice["checkpoint_interval_rule"] == "young_daly" and choice["checkpoint_mtbf_seconds"] == 0.2
+        assert choice["checkpoint_save_seconds"] > 0 and choice["checkpoint_step_seconds"] > 0
+    steps = [e["step"] for e in events if e["kind"] == "checkpoint"]
+    assert steps[0] == FIRST_AUTO_STEPS and steps[-1] == 600
+    # Both ranks saved at the same steps (a save is collective: a disagreement would hang the run),
+    # mostly the chosen interval apart (a save right after a change of interval may be further).
+    gaps = Counter(later - earlier for earlier, later in zip(steps[:-2], steps[1:-1], strict=True))
+    assert gaps.most_common(1)[0][0] in {choice["checkpoint_every_steps"] for choice in chosen}, (steps, chosen)
 
 
 def test_resume_from_mid_run_checkpoint_is_exact(home, uninterrupted):

@@ -19,12 +19,14 @@ _EXPORTS = {
     "SaveStats": "store",
     "open_store": "store",
     "RetentionPolicy": "retention",
+    "CheckpointCadence": "interval",
     "IntervalChoice": "interval",
     "young_daly_interval": "interval",
 }
 
 __all__ = [
     "AsyncCheckpointer",
+    "CheckpointCadence",
     "CheckpointManifest",
     "CheckpointStore",
     "ChunkRef",
@@ -39,7 +41,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from training_platform.checkpoints.async_saver import AsyncCheckpointer, SaveResult
-    from training_platform.checkpoints.interval import IntervalChoice, young_daly_interval
+    from training_platform.checkpoints.interval import CheckpointCadence, IntervalChoice, young_daly_interval
     from training_platform.checkpoints.manifest import CheckpointManifest, ChunkRef
     from training_platform.checkpoints.retention import RetentionPolicy
     from training_platform.checkpoints.store import CheckpointStore, Restored, SaveStats, open_store

@@ -209,6 +209,10 @@ class AsyncCheckpointer:
         self._ensure_buffer(sum(_aligned(t.numel() * t.element_size()) for t in tensors))
         self._ensure_writer()
 
+    def poll(self) -> None:
+        """Take the answers that have arrived (into `results`), without waiting for more."""
+        self._receive()
+
     def wait(self, timeout: float | None = None) -> SaveResult | None:
         """Block until every save in flight ends; returns the last save's result (None if none yet)."""
         self._receive(until=lambda: not self._pending, timeout=timeout)

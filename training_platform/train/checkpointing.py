@@ -53,6 +53,12 @@ class RunCheckpointer:
             self._saver.save_async(self.key, step, state, metrics, keep_last=self.keep_last)
         self._collect()
 
+    def poll(self) -> None:
+        """Report the background saves that have finished, without waiting for any."""
+        if self._saver is not None:
+            self._saver.poll()
+            self._collect()
+
     def flush(self) -> None:
         """Wait for the save in flight, then report what became of every save."""
         if self._saver is not None:

@@ -28,7 +28,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from training_platform.checkpoints import CheckpointManifest, CheckpointStore, open_store
+from training_platform.checkpoints import CheckpointCadence, CheckpointManifest, CheckpointStore, open_store
+from training_platform.checkpoints.interval import ON_DEMAND_MTBF_SECONDS, SPOT_MTBF_SECONDS
 from training_platform.launch.base import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER, RESULT_FILE
 from training_platform.paths import PlatformHome
 from training_platform.runlog import RunEvents
@@ -148,7 +149,19 @@ class TrainingSession:
         return self.telemetry.clock.data_wait()
 
     def should_checkpoint(self, step: int) -> bool:
-        return step % self.spec.checkpoint.every_steps == 0 or step == self.spec.training.max_steps
+        """True at the steps to checkpoint, the same on every rank; call it once per step."""
+        if not self.cadence.due(step):
+            return False
+        self.cadence.saved(step)
+        return True
+
+    @cached_property
+    def cadence(self) -> CheckpointCadence:
+        checkpoint = self.spec.checkpoint
+        default_mtbf = SPOT_MTBF_SECONDS if self.spec.resources.spot else ON_DEMAND_MTBF_SECONDS
+        return CheckpointCadence(
+            checkpoint.every_steps, self.spec.training.max_steps, checkpoint.mtbf_seconds or default_mtbf
+        )
 
     def should_stop(self) -> bool:
         """True on every rank, at the same step, once any rank got a preemption notice (SIGTERM) or
@@ -159,10 +172,32 @@ class TrainingSession:
             # What exists by the first step (modules, model, data) lives as long as the run: the
             # cyclic GC need not walk it again (a full pass over 500k objects took 0.2 s mid-loop).
             gc.freeze()
-        stop, prune = self._stop_agreement.poll(self._stop_requested, self._prune_requested)
-        if stop:  # every rank gets here together, so they all learn whether it is a prune
-            self._prune_requested = prune
-        return stop
+        agreed = self._stop_agreement.poll(self._stop_requested, self._prune_requested, self._proposed_interval())
+        if agreed.checkpoint_every is not None and self.cadence.adopt(agreed.checkpoint_every):
+            self._interval_chosen()
+        if agreed.stop:  # every rank gets here together, so they all learn whether it is a prune
+            self._prune_requested = agreed.prune
+        return agreed.stop
+
+    def _proposed_interval(self) -> float:
+        """The main rank's checkpoint interval for `every_steps: auto`, from the saves measured so far."""
+        if not (self.cadence.auto and self.dist.is_main):
+            return 0.0
+        if self._stop_agreement.checks_next:  # with the costs of the saves finished by now
+            self.checkpointer.poll()
+        return self.cadence.proposal(self._stop_agreement.step_seconds)
+
+    def _interval_chosen(self) -> None:
+        choice = self.cadence.choice
+        if choice is None:  # not the main rank: it only follows
+            return
+        self._event("checkpoint_interval", counted_from_step=self.cadence.last_saved, **choice.record())
+        inputs = choice.inputs
+        self.reporter.info(
+            f"checkpoint every {choice.steps} steps (every_steps: auto): a save costs "
+            f"{inputs['checkpoint_save_seconds']:.3f} s, a step {inputs['checkpoint_step_seconds']:.4f} s, "
+            f"{inputs['checkpoint_mtbf_seconds']:.0f} s expected between failures"
+        )
 
     @cached_property
     def _stop_agreement(self) -> StopAgreement:
@@ -197,6 +232,7 @@ class TrainingSession:
         )
 
     def _checkpoint_written(self, manifest: CheckpointManifest) -> None:
+        self._measure_save(manifest)
         summary = manifest.summary()
         self.checkpoints.append(summary)
         self._event("checkpoint", step=manifest.step, uri=manifest.uri)
@@ -205,6 +241,12 @@ class TrainingSession:
             f"checkpoint step {manifest.step}: {manifest.uri} ({summary.get('bytes_written', 0)} bytes written, "
             f"{summary.get('bytes_deduplicated', 0)} deduplicated)",
         )
+
+    def _measure_save(self, manifest: CheckpointManifest, blocked_seconds: float = 0.0) -> None:
+        """What the save cost the loop, for `every_steps: auto`: its stall plus its background time
+        (see checkpoints/interval.py), or the time the loop waited for it, whichever is longer."""
+        record = manifest.save
+        self.cadence.measured(max(blocked_seconds, record.stall_seconds + record.background_seconds))
 
     def _checkpoint_failed(self, step: int, error: str) -> None:
         # Training goes on: the next save tries again, and the previous checkpoint stays restorable.
@@ -222,6 +264,7 @@ class TrainingSession:
         rng_states = state["rng"]
         distributed.set_rng_state(rng_states[self.dist.rank % len(rng_states)])
         self.resumed_from_step = state["step"]
+        self.cadence.saved(state["step"])
         self.telemetry.start_step = state["step"]
         self._event("resumed", step=state["step"], checkpoint=restored.manifest.uri)
         self.checkpoints = [m.summary() for m in self.store.list(self.checkpoint_key)]
@@ -233,6 +276,7 @@ class TrainingSession:
         if not self.dist.is_main:
             return
         self.store.prune(self.checkpoint_key, self.spec.checkpoint.keep_last)
+        self._measure_save(manifest, seconds)
         self.telemetry.clock.checkpoint_s += seconds
         self.checkpoints.append(manifest.summary())
         self._event("checkpoint", step=manifest.step, uri=manifest.uri)
@@ -243,6 +287,7 @@ class TrainingSession:
     def checkpoint_restored(self, manifest: CheckpointManifest, step: int) -> None:
         """Bookkeeping after a strategy restored its own checkpoint (RNG already set by the strategy)."""
         self.resumed_from_step = step
+        self.cadence.saved(step)
         self.telemetry.start_step = step
         self._event("resumed", step=step, checkpoint=manifest.uri)
         self.checkpoints = [m.summary() for m in self.store.list(self.checkpoint_key)]

@@ -12,11 +12,14 @@ rank computes the same interval, so all of them reach the next check at the same
 costs no work (the emergency checkpoint is taken at the step where they stop), only that much of
 the grace period.
 Sweep trials agree every step: a pruned trial's extra steps would be the sweep's wasted compute.
+The same all-reduce carries the main rank's proposed checkpoint interval (`every_steps: auto`,
+checkpoints/interval.py), so every rank adopts it at the same step.
 """
 
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from training_platform.train import distributed
 
@@ -30,6 +33,13 @@ def steps_between_checks(step_seconds: float, check_seconds: float = CHECK_SECON
     return min(max(1, fit), MAX_STEPS_BETWEEN_CHECKS)
 
 
+class Agreed(NamedTuple):
+    stop: bool
+    prune: bool
+    checkpoint_every: float | None
+    """the largest proposed checkpoint interval (0: none proposed); None when the ranks did not check"""
+
+
 class StopAgreement:
     def __init__(self, info: distributed.DistInfo, every_step: bool = False):
         self.info = info
@@ -37,20 +47,28 @@ class StopAgreement:
         self.interval = 1
         self._steps = 0
         self._since: float | None = None  # the last check; the first poll checks at once and starts timing
+        self.step_seconds = 0.0
+        """the slowest rank's mean step time between the last two checks (0 until two checks)"""
 
-    def poll(self, stop: bool, prune: bool) -> tuple[bool, bool]:
-        """(stop, prune) as all ranks agree on them; call once per step on every rank."""
-        if self.info.world_size == 1:
-            return stop or prune, prune
+    @property
+    def checks_next(self) -> bool:
+        """Whether the next poll is a check (the all-reduce)."""
+        return self._steps + 1 >= self.interval
+
+    def poll(self, stop: bool, prune: bool, checkpoint_every: float = 0.0) -> Agreed:
+        """What all ranks agree on; call once per step on every rank."""
         self._steps += 1
         if self._steps < self.interval:
-            return False, False
+            if self.info.world_size == 1:  # nothing to agree on: a notice counts at once
+                return Agreed(stop or prune, prune, None)
+            return Agreed(False, False, None)
         now = time.perf_counter()
         step_seconds = (now - self._since) / self._steps if self._since is not None else 0.0  # 0: check every step
-        any_stop, any_prune, slowest = distributed.max_over_ranks(
-            [float(stop or prune), float(prune), step_seconds], self.info
+        any_stop, any_prune, slowest, every = distributed.max_over_ranks(
+            [float(stop or prune), float(prune), step_seconds, checkpoint_every], self.info
         )
         self._steps, self._since = 0, now
+        self.step_seconds = slowest
         if not self.every_step:
             self.interval = steps_between_checks(slowest)
-        return any_stop > 0, any_prune > 0
+        return Agreed(any_stop > 0, any_prune > 0, every)

@@ -1,4 +1,4 @@
-"""Young/Daly checkpoint interval."""
+"""Young/Daly checkpoint interval, and the cadence that applies it during a run."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from training_platform.checkpoints import young_daly_interval
+from training_platform.checkpoints import CheckpointCadence, young_daly_interval
+from training_platform.checkpoints.interval import FIRST_AUTO_STEPS
 
 
 def test_interval_follows_young_daly_and_records_inputs():
@@ -30,3 +31,50 @@ def test_cheaper_saves_or_more_failures_checkpoint_more_often():
 def test_invalid_inputs_are_refused(args):
     with pytest.raises(ValueError, match="young_daly_interval"):
         young_daly_interval(*args)
+
+
+def _saves(cadence: CheckpointCadence, steps: range) -> list[int]:
+    """The steps that save, as TrainingSession.should_checkpoint drives the cadence."""
+    saved = []
+    for step in steps:
+        if cadence.due(step):
+            cadence.saved(step)
+            saved.append(step)
+    return saved
+
+
+def test_a_fixed_cadence_saves_at_multiples_and_at_the_last_step():
+    cadence = CheckpointCadence(40, max_steps=130, mtbf_seconds=3600)
+    cadence.saved(50)  # resumed from an emergency checkpoint at step 50: multiples still
+    assert _saves(cadence, range(51, 131)) == [80, 120, 130]
+    cadence.measured(5.0)
+    assert cadence.proposal(step_seconds=0.1) == 0.0 and not cadence.adopt(500)
+
+
+def test_auto_saves_every_first_steps_until_a_save_is_measured_then_at_the_agreed_interval():
+    cadence = CheckpointCadence("auto", max_steps=100_000, mtbf_seconds=3600)
+    assert cadence.proposal(step_seconds=0.1) == 0.0  # nothing measured: nothing to propose
+    assert _saves(cadence, range(1, 2 * FIRST_AUTO_STEPS + 1)) == [FIRST_AUTO_STEPS, 2 * FIRST_AUTO_STEPS]
+    cadence.measured(0.5)
+    proposed = cadence.proposal(step_seconds=0.1)
+    assert proposed == young_daly_interval(0.5, 3600, 0.1).steps == round((math.sqrt(2 * 0.5 * 3600) - 0.5) / 0.1)
+    assert cadence.proposal(step_seconds=0.3) == proposed  # no new save measured: the proposal holds
+    assert cadence.adopt(proposed) and not cadence.adopt(proposed)
+    # Counted from the last save, not from step 0: the interval changed mid-run.
+    start = 2 * FIRST_AUTO_STEPS
+    assert _saves(cadence, range(start + 1, start + 2 * int(proposed) + 1)) == [
+        start + int(proposed),
+        start + 2 * int(proposed),
+    ]
+    cadence.measured(0.55)  # 10% dearer: the interval in use stays (not worth a change)
+    assert cadence.proposal(step_seconds=0.1) == proposed
+    cadence.measured(2.0)  # dearer saves from now on: the median of the last few decides
+    cadence.measured(2.0)
+    assert cadence.proposal(step_seconds=0.1) > proposed
+
+
+def test_auto_saves_at_the_last_step_whatever_the_interval():
+    cadence = CheckpointCadence("auto", max_steps=70, mtbf_seconds=3600)
+    cadence.measured(1.0)
+    cadence.adopt(cadence.proposal(step_seconds=0.01))
+    assert _saves(cadence, range(1, 71)) == [70]

@@ -19,6 +19,8 @@ from training_platform.train.stopping import (
 )
 
 NOTICE_STEP = 40  # rank 1 gets the notice before this step
+PROPOSAL_STEP = 15  # from this step on, rank 0 proposes a checkpoint interval (every_steps: auto)
+PROPOSED_EVERY = 123.0
 STEP_SECONDS = CHECK_SECONDS / 20  # rank 1 takes twice as long: 10 steps fit in CHECK_SECONDS (rank 0 alone: 20)
 
 
@@ -27,19 +29,29 @@ def _rank(rank: int, init_file: str, out: str, every_step: bool) -> None:
     info = DistInfo(rank, 2, rank, 2, torch.device("cpu"), "gloo")
     agreement = None
     intervals = []
+    adopted_at = None
     for step in range(1, 2000):
         time.sleep(STEP_SECONDS * (1 + rank))  # rank 1 is the slow one
         # Made at the first poll, after the first step, as TrainingSession.should_stop makes it.
         agreement = agreement or StopAgreement(info, every_step=every_step)
-        stop, prune = agreement.poll(stop=rank == 1 and step >= NOTICE_STEP, prune=False)
+        proposal = PROPOSED_EVERY if rank == 0 and step >= PROPOSAL_STEP else 0.0
+        agreed = agreement.poll(stop=rank == 1 and step >= NOTICE_STEP, prune=False, checkpoint_every=proposal)
+        if adopted_at is None and agreed.checkpoint_every == PROPOSED_EVERY:
+            adopted_at = step
         intervals.append(agreement.interval)
         if step == 1:
             first_interval = agreement.interval
-        if stop:
+        if agreed.stop:
             break
     with open(f"{out}.{rank}", "w") as handle:
         json.dump(
-            {"stopped_at": step, "prune": prune, "max_interval": max(intervals), "first_interval": first_interval},
+            {
+                "stopped_at": step,
+                "prune": agreed.prune,
+                "max_interval": max(intervals),
+                "first_interval": first_interval,
+                "adopted_at": adopted_at,
+            },
             handle,
         )
     dist.destroy_process_group()
@@ -59,6 +71,9 @@ def test_ranks_stop_together_soon_after_one_of_them_is_told(tmp_path):
     assert rank0["stopped_at"] - NOTICE_STEP <= rank0["max_interval"]
     assert rank0["first_interval"] == 1  # no step was timed yet: not taken for an instant one
     assert not rank0["prune"]
+    # Rank 0's proposed checkpoint interval reaches both ranks at one step, at the next check.
+    assert rank0["adopted_at"] == rank1["adopted_at"]
+    assert PROPOSAL_STEP <= rank0["adopted_at"] < PROPOSAL_STEP + rank0["max_interval"]
 
 
 def test_trials_agree_on_every_step(tmp_path):
