@@ -47,6 +47,8 @@ def main() -> None:
     )
     torch.manual_seed(cfg.seed)
     model = BertForSequenceClassification(config)
+    if spec.checkpoint.every_steps == "auto":  # the Trainer saves on its own schedule: it needs a number
+        raise SystemExit("examples/hf_trainer saves every checkpoint.every_steps steps: set it to a number, not auto")
     args = TrainingArguments(
         output_dir=str(session.run_dir / "hf-output"),
         max_steps=cfg.max_steps,
