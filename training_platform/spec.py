@@ -10,10 +10,10 @@ import hashlib
 import json
 from datetime import date, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from training_platform.errors import SpecError
 from training_platform.train.templates import TEMPLATES as MODEL_TEMPLATES
@@ -24,6 +24,7 @@ STRATEGIES = ("ddp", "fsdp", "deepspeed")
 BACKENDS = ("local", "slurm", "k8s")
 
 _SLUG = r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$"
+_STEPS = TypeAdapter(Annotated[int, Field(ge=1)])
 
 
 class _Strict(BaseModel):
@@ -135,6 +136,7 @@ class CheckpointSpec(_Strict):
     mtbf_seconds: float | None = Field(
         None,
         gt=0,
+        allow_inf_nan=False,
         description="with every_steps: auto, the expected seconds between failures that leave no time for an "
         "emergency checkpoint; default one hour on spot capacity, one day otherwise",
     )
@@ -152,9 +154,12 @@ class CheckpointSpec(_Strict):
     @field_validator("every_steps", mode="before")
     @classmethod
     def _steps_or_auto(cls, value: Any) -> Any:
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        if value == "auto":
             return value
-        raise ValueError(f"every_steps must be a whole number of steps (>= 1) or auto; got {value!r}")
+        try:  # pydantic's own int rules (50, "50", 50.0), one message for whatever else
+            return _STEPS.validate_python(value if not isinstance(value, bool) else None)
+        except ValidationError:
+            raise ValueError(f"every_steps must be a whole number of steps (>= 1) or auto; got {value!r}") from None
 
     @model_validator(mode="after")
     def _mtbf_only_for_auto(self) -> CheckpointSpec:

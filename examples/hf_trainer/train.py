@@ -34,6 +34,7 @@ class PixelTokens(Dataset):
 def main() -> None:
     session = TrainingSession.start()
     spec, cfg = session.spec, session.spec.training
+    callback = PlatformCallback(session)  # first: it refuses a spec it cannot follow (every_steps: auto)
     train_split = PixelTokens(*read_split(session.snapshot_root, spec.dataset.snapshot_id, "train"))
 
     config = BertConfig(
@@ -47,8 +48,6 @@ def main() -> None:
     )
     torch.manual_seed(cfg.seed)
     model = BertForSequenceClassification(config)
-    if spec.checkpoint.every_steps == "auto":  # the Trainer saves on its own schedule: it needs a number
-        raise SystemExit("examples/hf_trainer saves every checkpoint.every_steps steps: set it to a number, not auto")
     args = TrainingArguments(
         output_dir=str(session.run_dir / "hf-output"),
         max_steps=cfg.max_steps,
@@ -65,7 +64,6 @@ def main() -> None:
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    callback = PlatformCallback(session)
     trainer = Trainer(model=model, args=args, train_dataset=train_split, callbacks=[callback])
     output = trainer.train(resume_from_checkpoint=callback.resume_from(args.output_dir))
     session.finish(model.state_dict(), trainer.state.global_step, {"train_loss": output.training_loss})

@@ -3,6 +3,7 @@
 import os
 import signal
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -49,3 +50,12 @@ def test_adapter_reports_checkpoints_and_resumes_exactly(home, framework):
     resumed = train(home, run_id, spec)
     assert resumed["resumed_from_step"] == emergency
     assert resumed["final_weights_sha256"] == straight["final_weights_sha256"]
+
+
+def test_the_hf_callback_refuses_an_interval_the_trainer_cannot_follow():
+    from training_platform.train.adapters.hf import PlatformCallback
+
+    spec = load_spec(EXAMPLES / "hf_trainer" / "spec.yaml")
+    auto = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"every_steps": "auto"})})
+    with pytest.raises(ValueError, match="every_steps: auto"):
+        PlatformCallback(SimpleNamespace(spec=auto))

@@ -65,6 +65,8 @@ BAD = [
     (_with("training.optimizer", "lbfgs"), "training.optimizer", "adam"),
     (_with("checkpoint.every_steps", 0), "checkpoint.every_steps", ">= 1"),
     (_with("checkpoint.every_steps", "sometimes"), "checkpoint.every_steps", "auto"),
+    (_with("checkpoint.every_steps", True), "checkpoint.every_steps", "auto"),
+    (_with("checkpoint", {"every_steps": "auto", "mtbf_seconds": float("inf")}), "checkpoint.mtbf_seconds", "finite"),
     (_with("checkpoint.mtbf_seconds", 600), "checkpoint", "every_steps: auto"),
     (_with("checkpoint", {"every_steps": "auto", "mtbf_seconds": 0}), "checkpoint.mtbf_seconds", "greater than 0"),
     (_with("checkpoint.keep_last", 0), "checkpoint.keep_last", ">= 1"),
@@ -113,3 +115,8 @@ def test_round_trip_through_yaml(tmp_path):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
     assert load_spec(path) == spec
+
+
+@pytest.mark.parametrize(("value", "parsed"), [(50, 50), ("50", 50), (50.0, 50), ("auto", "auto")])
+def test_every_steps_takes_a_number_as_before_or_auto(value, parsed):
+    assert parse_spec(_with("checkpoint.every_steps", value)).checkpoint.every_steps == parsed

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 
 from training_platform.checkpoints import CheckpointCadence, CheckpointManifest, CheckpointStore, open_store
-from training_platform.checkpoints.interval import ON_DEMAND_MTBF_SECONDS, SPOT_MTBF_SECONDS
+from training_platform.checkpoints.interval import FIRST_AUTO_STEPS, ON_DEMAND_MTBF_SECONDS, SPOT_MTBF_SECONDS
 from training_platform.launch.base import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER, RESULT_FILE
 from training_platform.paths import PlatformHome
 from training_platform.runlog import RunEvents
@@ -173,8 +173,10 @@ class TrainingSession:
             # cyclic GC need not walk it again (a full pass over 500k objects took 0.2 s mid-loop).
             gc.freeze()
         agreed = self._stop_agreement.poll(self._stop_requested, self._prune_requested, self._proposed_interval())
-        if agreed.checkpoint_every is not None and self.cadence.adopt(agreed.checkpoint_every):
-            self._interval_chosen()
+        if agreed.checkpoint_every is not None:  # the ranks checked at this step
+            self.cadence.step_timed(self._stop_agreement.step_seconds)
+            if self.cadence.adopt(agreed.checkpoint_every):
+                self._interval_chosen()
         if agreed.stop:  # every rank gets here together, so they all learn whether it is a prune
             self._prune_requested = agreed.prune
         return agreed.stop
@@ -183,9 +185,11 @@ class TrainingSession:
         """The main rank's checkpoint interval for `every_steps: auto`, from the saves measured so far."""
         if not (self.cadence.auto and self.dist.is_main):
             return 0.0
-        if self._stop_agreement.checks_next:  # with the costs of the saves finished by now
+        # With the costs of the background saves finished by now (strategies that save collectively
+        # report theirs at once, and have no background saver to ask).
+        if self._stop_agreement.checks_next and "checkpointer" in self.__dict__:
             self.checkpointer.poll()
-        return self.cadence.proposal(self._stop_agreement.step_seconds)
+        return self.cadence.proposal()
 
     def _interval_chosen(self) -> None:
         choice = self.cadence.choice
@@ -314,6 +318,11 @@ class TrainingSession:
     def finish(self, model_state: dict[str, torch.Tensor], final_step: int, metrics: dict[str, float]) -> dict:
         """Write the run's result (rank 0), report it to Dagster, leave the process group."""
         self._close_checkpointer()
+        if self.cadence.auto and self.cadence.choice is None and final_step > FIRST_AUTO_STEPS:
+            self.reporter.info(
+                f"every_steps: auto chose no interval (no save was measured, or the script does not call "
+                f"should_stop() every step): checkpoints came every {FIRST_AUTO_STEPS} steps"
+            )
         num_params = sum(t.numel() for t in model_state.values())
         telemetry_metadata = self.telemetry.finish_and_report(self.reporter, num_params)
         result = self._result("SUCCEEDED", final_step, weights_sha256(model_state), metrics)

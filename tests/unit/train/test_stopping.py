@@ -88,3 +88,11 @@ def test_trials_agree_on_every_step(tmp_path):
 )
 def test_steps_between_checks(step_seconds, steps):
     assert steps_between_checks(step_seconds) == steps
+
+
+def test_one_process_stops_at_once_and_carries_its_own_proposal():
+    agreement = StopAgreement(DistInfo(0, 1, 0, 1, torch.device("cpu"), "gloo"))
+    first = agreement.poll(stop=False, prune=False, checkpoint_every=7.0)
+    assert first == (False, False, 7.0)  # the first poll checks
+    agreement.interval = 10  # between checks, a notice still counts at the step it arrives
+    assert agreement.poll(stop=True, prune=False) == (True, False, None)

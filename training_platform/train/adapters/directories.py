@@ -17,13 +17,17 @@ from training_platform.errors import CheckpointError
 from training_platform.train.session import TrainingSession
 
 
-def save_directory(session: TrainingSession, directory: Path, step: int) -> None:
-    """Upload a checkpoint directory the framework just wrote (called on every rank; rank 0 uploads)."""
+def save_directory(session: TrainingSession, directory: Path, step: int, began: float | None = None) -> None:
+    """Upload a checkpoint directory the framework just wrote (called on every rank; rank 0 uploads).
+
+    `began`: when the framework started writing it (time.monotonic()), so that the save's cost
+    covers the write, not only the upload.
+    """
     if dist.is_initialized():
         dist.barrier()  # every rank's files (e.g. per-rank RNG states) are on disk before the upload
     if not session.dist.is_main:
         return
-    started = time.monotonic()
+    started = began if began is not None else time.monotonic()
     files = {str(p.relative_to(directory)): p for p in sorted(Path(directory).rglob("*")) if p.is_file()}
     manifest, _ = session.store.save_files(session.checkpoint_key, step, files, attributes={"format": "directory"})
     session.checkpoint_saved(manifest, time.monotonic() - started)

@@ -19,6 +19,11 @@ from training_platform.train.session import TrainingSession
 
 class PlatformCallback(TrainerCallback):
     def __init__(self, session: TrainingSession):
+        if session.spec.checkpoint.every_steps == "auto":
+            raise ValueError(
+                "checkpoint.every_steps: auto cannot drive the Trainer, which saves every save_steps steps: "
+                "set every_steps to a number and pass it as TrainingArguments(save_steps=...)"
+            )
         self.session = session
         self.preempted = False
 

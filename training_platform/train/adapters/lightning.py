@@ -13,6 +13,7 @@ global step (see examples/lightning/train.py) and the continuation is exact.
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import lightning as L
@@ -59,7 +60,8 @@ class PlatformCallback(L.Callback):
 
     def _save(self, trainer, step: int) -> None:
         directory = self.checkpoint_dir / f"step-{step}"
+        began = time.monotonic()
         trainer.save_checkpoint(directory / CHECKPOINT_FILE)  # collective: every rank calls it
-        save_directory(self.session, directory, step)
+        save_directory(self.session, directory, step, began=began)
         if self.session.dist.is_main:
             shutil.rmtree(directory, ignore_errors=True)  # the store holds it now
