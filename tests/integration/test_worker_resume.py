@@ -83,6 +83,15 @@ def test_auto_interval_is_measured_agreed_by_both_ranks_and_recorded(home):
     gaps = Counter(later - earlier for earlier, later in zip(steps[:-2], steps[1:-1], strict=True))
     assert gaps.most_common(1)[0][0] in {choice["checkpoint_every_steps"] for choice in chosen}, (steps, chosen)
 
+    # Resumed from its oldest kept checkpoint, a new attempt counts from there (no cost measured yet).
+    oldest = open_store(home / "checkpoints").list("auto-interval")[0]
+    target = home / "checkpoints" / "runs" / "auto-resumed"
+    target.mkdir(parents=True)
+    (target / Path(oldest.uri).name).write_bytes(Path(oldest.uri).read_bytes())
+    assert train(home, "auto-resumed", spec)["resumed_from_step"] == oldest.step
+    resumed = [e["step"] for e in RunEvents(home / "runs" / "auto-resumed").read() if e["kind"] == "checkpoint"]
+    assert resumed[0] == min(oldest.step + FIRST_AUTO_STEPS, 600), (oldest.step, resumed)
+
 
 def test_resume_from_mid_run_checkpoint_is_exact(home, uninterrupted):
     # Make a run whose newest checkpoint is step 20 of the same spec: copy the manifest, then resume.
