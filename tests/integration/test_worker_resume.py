@@ -68,10 +68,13 @@ def test_auto_interval_is_measured_agreed_by_both_ranks_and_recorded(home):
             )
         }
     )
-    train(home, "auto-interval", spec)
+    result = train(home, "auto-interval", spec)
     events = RunEvents(home / "runs" / "auto-interval").read()
     chosen = [e for e in events if e["kind"] == "checkpoint_interval"]
     assert chosen, "no interval was chosen"
+    assert result["checkpoint_interval"] == {
+        k: v for k, v in chosen[-1].items() if k not in ("kind", "at", "counted_from_step")
+    }
     for choice in chosen:
         assert choice["checkpoint_interval_rule"] == "young_daly" and choice["checkpoint_mtbf_seconds"] == 0.2
         assert choice["checkpoint_save_seconds"] > 0 and choice["checkpoint_step_seconds"] > 0

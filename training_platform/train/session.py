@@ -351,6 +351,8 @@ class TrainingSession:
             "device": self.dist.device.type,
             "train_seconds": round(time.monotonic() - self._started, 3),
             "metrics": metrics,
+            # every_steps: auto's last choice and its inputs (None for a fixed interval)
+            "checkpoint_interval": self.cadence.choice.record() if self.cadence.choice else None,
         }
 
     def flush(self) -> None:
@@ -403,7 +405,9 @@ class TrainingSession:
 
 
 def _metadata(result: dict) -> dict:
-    flat = {k: v for k, v in result.items() if k not in ("checkpoints", "metrics") and v is not None}
+    nested = ("checkpoints", "metrics", "checkpoint_interval")
+    flat = {k: v for k, v in result.items() if k not in nested and v is not None}
     flat.update({f"final_{k}": v for k, v in result["metrics"].items()})
+    flat.update(result.get("checkpoint_interval") or {})
     flat["checkpoint_count"] = len(result["checkpoints"])
     return flat
