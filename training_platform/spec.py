@@ -6,6 +6,7 @@ A spec is validated once, at the edge (``load_spec``). Errors are collected into
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from datetime import date, datetime
@@ -156,10 +157,10 @@ class CheckpointSpec(_Strict):
     def _steps_or_auto(cls, value: Any) -> Any:
         if value == "auto":
             return value
-        try:  # pydantic's own int rules (50, "50", 50.0), one message for whatever else
-            return _STEPS.validate_python(value if not isinstance(value, bool) else None)
-        except ValidationError:
-            raise ValueError(f"every_steps must be a whole number of steps (>= 1) or auto; got {value!r}") from None
+        if not isinstance(value, bool):  # True would pass as 1
+            with contextlib.suppress(ValidationError):  # pydantic's own int rules: 50, "50", 50.0
+                return _STEPS.validate_python(value)
+        raise ValueError(f"every_steps must be a whole number of steps (>= 1) or auto; got {value!r}")
 
     @model_validator(mode="after")
     def _mtbf_only_for_auto(self) -> CheckpointSpec:
