@@ -175,8 +175,8 @@ class TrainingSession:
         agreed = self._stop_agreement.poll(self._stop_requested, self._prune_requested, self._proposed_interval())
         if agreed.checkpoint_every is not None:  # the ranks checked at this step
             self.cadence.step_timed(self._stop_agreement.step_seconds)
-            if self.cadence.adopt(agreed.checkpoint_every):
-                self._interval_chosen()
+            if self.cadence.adopt(agreed.checkpoint_every) and self.dist.is_main:  # the others only follow
+                self._announce_interval()
         if agreed.stop:  # every rank gets here together, so they all learn whether it is a prune
             self._prune_requested = agreed.prune
         return agreed.stop
@@ -191,10 +191,9 @@ class TrainingSession:
             self.checkpointer.poll()
         return self.cadence.proposal()
 
-    def _interval_chosen(self) -> None:
+    def _announce_interval(self) -> None:
         choice = self.cadence.choice
-        if choice is None:  # not the main rank: it only follows
-            return
+        assert choice is not None, "the main rank adopts only what it proposed"
         self._event("checkpoint_interval", counted_from_step=self.cadence.last_saved, **choice.record())
         inputs = choice.inputs
         self.reporter.info(
