@@ -1,6 +1,6 @@
 """Where things live under a store root; every key is validated before use.
 
-chunks/<sha256>                          content-addressed bytes (shared by all runs)
+chunks/<digest>                          content-addressed bytes (shared by all runs)
 runs/<run_id>/<step:012d>.json           manifests, written last
 pins/<run_id>/<step:012d>/<reason>.json  references that retention must keep
 leases/<id>.json                         saves in progress: chunks GC must not delete

@@ -4,6 +4,10 @@ A checkpoint is a manifest pointing at content-addressed chunks. A tensor larger
 chunk is split, so an unchanged slice of it is deduplicated too. The manifest carries its
 own sha256 (over its canonical form without that field), so an edited manifest is detected
 just like an edited chunk.
+
+Chunks are named by their BLAKE3 hash since format 3: every save hashes the whole state, and
+BLAKE3 does it about six times faster than sha256 on one core (both 256-bit). Format 2 named
+them by sha256; its manifests still read, verify and restore unchanged.
 """
 
 from __future__ import annotations
@@ -11,18 +15,52 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, Field
+import blake3
+from pydantic import BaseModel, Field, model_serializer, model_validator
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+READABLE_FORMATS = (2, 3)
+
+ChunkHash = Literal["blake3", "sha256"]
+CHUNK_HASH: ChunkHash = "blake3"
+
+
+def chunk_digest(data: bytes | memoryview, algorithm: ChunkHash = CHUNK_HASH) -> str:
+    """The hex digest that names a chunk (both hashes release the GIL on large inputs)."""
+    hasher = blake3.blake3 if algorithm == "blake3" else hashlib.sha256
+    return hasher(data).hexdigest()
 
 
 class ChunkRef(BaseModel):
-    """One stored object under ``chunks/<sha256>``."""
+    """One stored object under ``chunks/<digest>``, named by the hash of its bytes.
 
-    sha256: str
+    Stored as ``{"blake3": <hex>, "size": n}``; a format-2 reference reads from and writes back
+    to ``{"sha256": <hex>, "size": n}``, so an old manifest's own hash still verifies.
+    """
+
+    digest: str
     size: int
+    algorithm: ChunkHash = CHUNK_HASH
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_stored(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "digest" in data:
+            return data
+        named = [name for name in get_args(ChunkHash) if name in data]
+        if len(named) != 1:
+            raise ValueError(f"a chunk reference names exactly one hash of {get_args(ChunkHash)}, got {sorted(data)}")
+        rest = {key: value for key, value in data.items() if key != named[0]}
+        return {"digest": data[named[0]], "algorithm": named[0], **rest}
+
+    @model_serializer
+    def _to_stored(self) -> dict[str, str | int]:
+        return {self.algorithm: self.digest, "size": self.size}
+
+    def matches(self, data: bytes | memoryview) -> bool:
+        return len(data) == self.size and chunk_digest(data, self.algorithm) == self.digest
 
 
 class TensorRef(BaseModel):
@@ -76,7 +114,7 @@ class CheckpointManifest(BaseModel):
         refs = [self.skeleton] if self.skeleton else []
         refs += [chunk for tensor in self.tensors for chunk in tensor.chunks]
         refs += [chunk for file in self.files.values() for chunk in file.chunks]
-        unique = {ref.sha256: ref for ref in refs}  # packs are shared by several tensors
+        unique = {ref.digest: ref for ref in refs}  # packs are shared by several tensors
         return list(unique.values())
 
     @property

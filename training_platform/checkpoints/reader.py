@@ -1,4 +1,4 @@
-"""Read one checkpoint's tensors, verifying every chunk's sha256, in parallel.
+"""Read one checkpoint's tensors, verifying every chunk's hash, in parallel.
 
 Large tensors are read straight into their final memory (no intermediate copy); packed
 small tensors are sliced out of their verified pack.
@@ -6,7 +6,6 @@ small tensors are sliced out of their verified pack.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,13 +22,13 @@ READ_WORKERS = max(4, min(16, os.cpu_count() or 4))
 
 
 class ChunkReader:
-    """Fetches chunks from the first tier that has them and checks size and sha256."""
+    """Fetches chunks from the first tier that has them and checks size and hash."""
 
     def __init__(self, tiers: Sequence[Storage]):
         self.tiers = list(tiers)
 
     def read_into(self, ref: ChunkRef, out: memoryview) -> None:
-        key = chunk_key(ref.sha256)
+        key = chunk_key(ref.digest)
         size = None
         for tier in self.tiers:
             try:
@@ -41,8 +40,10 @@ class ChunkReader:
                 raise CheckpointError(f"chunk {tier.uri}/{key} does not match its size: {exc}") from None
         if size is None:
             raise CheckpointError(f"chunk {self.tiers[0].uri}/{key} is missing (looked in {self._where()})")
-        if size != ref.size or hashlib.sha256(out[:size]).hexdigest() != ref.sha256:
-            raise CheckpointError(f"chunk {self.tiers[0].uri}/{key} does not match its sha256 (corrupted)")
+        if not ref.matches(out[:size]):
+            raise CheckpointError(
+                f"chunk {self.tiers[0].uri}/{key} does not match its {ref.algorithm} hash (corrupted)"
+            )
 
     def read(self, ref: ChunkRef) -> memoryview:
         buffer = memoryview(bytearray(ref.size)) if ref.size else memoryview(bytearray(1))[:0]
@@ -73,8 +74,8 @@ def read_tensors(
                 owned.append(flat)
             else:
                 for chunk in ref.chunks:
-                    if chunk.sha256 not in packs:
-                        packs[chunk.sha256] = pool.submit(reader.read, chunk)
+                    if chunk.digest not in packs:
+                        packs[chunk.digest] = pool.submit(reader.read, chunk)
                 owned.append(None)
         for job in jobs:
             job.result()
@@ -82,8 +83,8 @@ def read_tensors(
     tensors = []
     for ref, flat in zip(manifest.tensors, owned, strict=True):
         if flat is None:
-            joined = b"".join(pack_data[c.sha256] for c in ref.chunks) if len(ref.chunks) > 1 else None
-            source = joined if joined is not None else pack_data[ref.chunks[0].sha256]
+            joined = b"".join(pack_data[c.digest] for c in ref.chunks) if len(ref.chunks) > 1 else None
+            source = joined if joined is not None else pack_data[ref.chunks[0].digest]
             piece = bytearray(source[ref.offset : ref.offset + ref.size])
             flat = torch.frombuffer(piece, dtype=torch.uint8) if ref.size else torch.empty(0, dtype=torch.uint8)
         tensors.append(tensor_from_bytes(flat, dtype_from_name(ref.dtype), ref.shape))

@@ -101,7 +101,7 @@ class _References:
         for key in keys - set(self._by_key):
             try:
                 manifest = CheckpointManifest.model_validate_json(self.storage.get(key))
-                self._by_key[key] = {ref.sha256 for ref in manifest.chunks}
+                self._by_key[key] = {ref.digest for ref in manifest.chunks}
             except FileNotFoundError:
                 continue
             except ValueError as exc:

@@ -59,7 +59,7 @@ def save_sharded(
         dcp.save(state_dict, storage_writer=dcp.FileSystemWriter(str(staging)), process_group=process_group)
         files = {str(p.relative_to(staging)): p for p in sorted(staging.rglob("*")) if p.is_file()}
         written = write_chunks(store.storage, files=files)
-        digests = {ref.sha256 for ref in written.files.values() for ref in ref.chunks}
+        digests = {ref.digest for ref in written.files.values() for ref in ref.chunks}
         lease = protect_reused(store.storage, run_id, step, digests, written.stats, store.lease_settle_seconds)
         parts = _gather(
             {

@@ -3,7 +3,7 @@
 Layout under the store root: see layout.py. Save order: every chunk (skipped when already
 present), then the manifest. A crash at any point leaves either the previous checkpoint or
 the new one visible, never a torn one. Restore verifies the manifest's own hash and every
-chunk's sha256 and falls back to older checkpoints, saying which it skipped and why.
+chunk's hash and falls back to older checkpoints, saying which it skipped and why.
 
 The tensor modules are imported where tensors are read or written: the background writer
 process applies retention through this class and starts without importing torch.
@@ -25,7 +25,7 @@ from training_platform.checkpoints.layout import (
     run_prefix,
     step_of_manifest_key,
 )
-from training_platform.checkpoints.manifest import FORMAT_VERSION, CheckpointManifest
+from training_platform.checkpoints.manifest import READABLE_FORMATS, CheckpointManifest
 from training_platform.checkpoints.retention import GcReport, RetentionPolicy, collect_garbage, steps_to_keep
 from training_platform.checkpoints.storage import LocalStorage, Storage, validate_key
 from training_platform.checkpoints.writer import LEASE_SETTLE_SECONDS, SaveStats, write_checkpoint
@@ -197,9 +197,11 @@ class CheckpointStore:
 
     def check_manifest(self, manifest: CheckpointManifest) -> None:
         """Raise CheckpointError unless the manifest is of this format and matches its own sha256."""
-        if manifest.format_version != FORMAT_VERSION:
+        if manifest.format_version not in READABLE_FORMATS:
+            upgrade = "; upgrade training_platform" if manifest.format_version > max(READABLE_FORMATS) else ""
             raise CheckpointError(
-                f"manifest {manifest.uri} has format {manifest.format_version}; this build reads {FORMAT_VERSION}"
+                f"manifest {manifest.uri} has format {manifest.format_version}; "
+                f"this build reads formats {', '.join(map(str, READABLE_FORMATS))}{upgrade}"
             )
         if manifest.content_hash() != manifest.manifest_sha256:
             raise CheckpointError(f"manifest {manifest.uri} does not match its sha256 (edited or torn)")

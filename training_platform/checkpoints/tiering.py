@@ -53,7 +53,7 @@ def apply_tiering(store: CheckpointStore, run_id: str, policy: TieringPolicy) ->
             continue
         store.check_manifest(manifest)  # chunks are verified as they are read below
         for ref in manifest.chunks:
-            key = chunk_key(ref.sha256)
+            key = chunk_key(ref.digest)
             if store.cold.exists(key):
                 report.bytes_already_cold += ref.size
                 continue

@@ -18,7 +18,6 @@ buffer in between, so a save that settles does not hold up the next one.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import mmap
 import os
@@ -38,6 +37,7 @@ from training_platform.checkpoints.manifest import (
     FileRef,
     SaveRecord,
     TensorRef,
+    chunk_digest,
 )
 from training_platform.checkpoints.storage import Storage
 from training_platform.errors import CheckpointError
@@ -80,7 +80,7 @@ class _ChunkSink:
         self._claimed: set[str] = set()
 
     def put(self, piece: memoryview) -> ChunkRef:
-        digest = hashlib.sha256(piece).hexdigest()
+        digest = chunk_digest(piece)
         key = chunk_key(digest)
         with self._lock:
             duplicate = digest in self._claimed
@@ -94,7 +94,7 @@ class _ChunkSink:
             self.storage.put(key, piece, sync_parent=False)
             with self._lock:
                 self.stats.bytes_written += len(piece)
-        return ChunkRef(sha256=digest, size=len(piece))
+        return ChunkRef(digest=digest, size=len(piece))
 
 
 @dataclass
@@ -287,7 +287,7 @@ def stage_checkpoint(
         metrics=metrics or {},
         attributes=attributes or {},
     )
-    lease = lease_reused(storage, run_id, step, {ref.sha256 for ref in manifest.chunks}, written.stats)
+    lease = lease_reused(storage, run_id, step, {ref.digest for ref in manifest.chunks}, written.stats)
     settle = settle_seconds(lease_settle_seconds) if lease else 0.0
     return StagedCheckpoint(storage, manifest, written.stats, lease, time.monotonic() + settle, started)
 

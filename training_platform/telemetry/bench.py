@@ -65,7 +65,7 @@ def checkpoint_write(store_uri: str, checkpoint_bytes: int, budget_s: float = CH
     manifest, _ = store.save(run_id, 1, state)
     seconds = time.perf_counter() - started
     for chunk in manifest.chunks:
-        store.storage.delete(chunk_key(chunk.sha256))
+        store.storage.delete(chunk_key(chunk.digest))
     store.storage.delete(manifest_key(run_id, 1))
     root = getattr(store.storage, "root", None)
     if isinstance(root, Path):  # a local store keeps the emptied run directory

@@ -46,7 +46,7 @@ def test_corrupted_object_on_s3_is_named_and_restore_falls_back(s3_server, s3_bu
     store.lease_settle_seconds = 0.5
     store.save("r", 1, state(1))
     newest, _ = store.save("r", 2, state(2))
-    big = newest.tensors[0].chunks[0].sha256
+    big = newest.tensors[0].chunks[0].digest
     s3_server.client().put_object(Bucket=s3_bucket, Key=f"x/{chunk_key(big)}", Body=b"garbage")
     restored = store.restore_latest("r")
     assert restored.manifest.step == 1 and big in restored.skipped[0][1]

@@ -63,17 +63,17 @@ def test_gc_deletes_only_unreferenced_old_chunks(store, tmp_path):
     assert young.deleted_chunks == 0 and young.young_chunks > 0
     report = store.gc(grace_seconds=0)
     assert report.deleted_chunks > 0
-    survivors = {ref.sha256 for ref in store.list("r")[-1].chunks}
+    survivors = {ref.digest for ref in store.list("r")[-1].chunks}
     assert all((tmp_path / "store" / chunk_key(d)).exists() for d in survivors)
     assert set(report.deleted).isdisjoint(survivors)
-    assert any(not (tmp_path / "store" / chunk_key(r.sha256)).exists() for r in old.chunks)
+    assert any(not (tmp_path / "store" / chunk_key(r.digest)).exists() for r in old.chunks)
     assert store.restore_latest("r").manifest.step == 3
 
 
 def test_gc_keeps_chunks_listed_in_a_lease(store, tmp_path):
     manifest, _ = store.save("r", 1, state(1))
     store.prune("r", keep_last=0)
-    digest = manifest.chunks[0].sha256
+    digest = manifest.chunks[0].digest
     store.storage.put("leases/in-progress.json", f'{{"chunks": ["{digest}"]}}'.encode())
     store.gc(grace_seconds=0)
     assert (tmp_path / "store" / chunk_key(digest)).exists()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,8 +12,12 @@ import torch
 
 from training_platform.checkpoints import CheckpointStore, open_store
 from training_platform.checkpoints.layout import chunk_key, manifest_key
+from training_platform.checkpoints.manifest import ChunkRef
 from training_platform.checkpoints.storage import LocalStorage
 from training_platform.errors import CheckpointError
+
+# Written by the format-2 build (901a356) with small_chunks: store.save("format2-run", 7, make_state(0)).
+FORMAT_2_STORE = Path(__file__).resolve().parents[2] / "fixtures" / "checkpoint_format2"
 
 
 def make_state(seed: int = 0) -> dict:
@@ -96,7 +102,7 @@ def test_a_corrupted_chunk_is_named_and_restore_falls_back(store, tmp_path):
     store.save("run-a", 1, make_state(1))
     newest, _ = store.save("run-a", 2, make_state(2))
     big = next(t for t in newest.tensors if t.shape == [3000])
-    path = tmp_path / "store" / chunk_key(big.chunks[1].sha256)
+    path = tmp_path / "store" / chunk_key(big.chunks[1].digest)
     data = bytearray(path.read_bytes())
     data[100] ^= 0xFF
     path.write_bytes(bytes(data))
@@ -104,7 +110,7 @@ def test_a_corrupted_chunk_is_named_and_restore_falls_back(store, tmp_path):
     assert restored.manifest.step == 1
     assert_same(make_state(1), restored.state)
     [(step, reason)] = restored.skipped
-    assert step == 2 and big.chunks[1].sha256 in reason and "sha256" in reason
+    assert step == 2 and big.chunks[1].digest in reason and "blake3 hash" in reason
 
 
 def test_an_edited_manifest_is_detected_and_restore_falls_back(store, tmp_path):
@@ -125,7 +131,7 @@ def test_a_missing_chunk_or_truncated_manifest_falls_back(store, tmp_path):
     store.save("run-a", 3, make_state(3))
     (tmp_path / "store" / manifest_key("run-a", 3)).write_text('{"run_id": "run-a", "st')
     big = next(t for t in m2.tensors if t.shape == [3000])
-    (tmp_path / "store" / chunk_key(big.chunks[0].sha256)).unlink()
+    (tmp_path / "store" / chunk_key(big.chunks[0].digest)).unlink()
     restored = store.restore_latest("run-a")
     assert restored.manifest.step == 1
     assert [step for step, _ in restored.skipped] == [3, 2]
@@ -171,3 +177,61 @@ def test_run_summary_reports_overhead_as_a_fraction_of_training_time(store):
     summary = run_checkpoint_summary(store.list("run-a"), training_seconds=100.0)
     assert summary["checkpoint_overhead_fraction"] == 0.02 and summary["checkpoints"] == 2
     assert manifest.summary()["stall_seconds"] == 1.5 and manifest.summary()["tier"] == "hot"
+
+
+def test_chunks_are_named_by_blake3_and_stored_under_that_name(store, tmp_path):
+    manifest, _ = store.save("run-a", 1, make_state())
+    stored = json.loads((tmp_path / "store" / manifest_key("run-a", 1)).read_text())
+    assert manifest.format_version == 3
+    assert {ref.algorithm for ref in manifest.chunks} == {"blake3"}
+    assert set(stored["skeleton"]) == {"blake3", "size"}
+    for ref in manifest.chunks:
+        assert ref.matches((tmp_path / "store" / chunk_key(ref.digest)).read_bytes())
+
+
+def test_a_format_2_checkpoint_still_restores_and_new_saves_beside_it_use_format_3(tmp_path, small_chunks):
+    shutil.copytree(FORMAT_2_STORE, tmp_path / "store")
+    store = open_store(tmp_path / "store")
+    store.lease_settle_seconds = 0.0
+    old = store.restore_latest("format2-run")
+    assert old.manifest.format_version == 2 and {ref.algorithm for ref in old.manifest.chunks} == {"sha256"}
+    assert_same(make_state(0), old.state)
+    assert old.manifest.metrics == {"loss": 0.5}
+
+    store.save("format2-run", 8, make_state(1))
+    store.prune("format2-run", keep_last=1)
+    store.gc(grace_seconds=0)
+    assert not any((tmp_path / "store" / chunk_key(ref.digest)).exists() for ref in old.manifest.chunks), (
+        "GC removes the old format's chunks once no manifest needs them"
+    )
+    new = store.restore_latest("format2-run")
+    assert new.manifest.step == 8 and new.manifest.format_version == 3
+    assert_same(make_state(1), new.state)
+
+
+def test_a_corrupted_format_2_chunk_is_caught_by_its_sha256(tmp_path):
+    shutil.copytree(FORMAT_2_STORE, tmp_path / "store")
+    store = open_store(tmp_path / "store")
+    [manifest] = store.list("format2-run")
+    big = next(t for t in manifest.tensors if t.shape == [3000])
+    path = tmp_path / "store" / chunk_key(big.chunks[0].digest)
+    path.write_bytes(b"\0" + path.read_bytes()[1:])
+    with pytest.raises(CheckpointError, match="does not match its sha256 hash"):
+        store.load(manifest)
+
+
+def test_a_manifest_of_a_newer_format_is_refused_with_the_fix(store, tmp_path):
+    store.save("run-a", 1, make_state())
+    path = tmp_path / "store" / manifest_key("run-a", 1)
+    path.write_text(path.read_text().replace('"format_version": 3', '"format_version": 4'))
+    [manifest] = store.list("run-a")
+    with pytest.raises(CheckpointError, match="format 4; this build reads formats 2, 3; upgrade training_platform"):
+        store.check_manifest(manifest)
+
+
+def test_a_chunk_reference_names_exactly_one_hash():
+    assert ChunkRef.model_validate({"sha256": "a" * 64, "size": 1}).algorithm == "sha256"
+    with pytest.raises(ValueError, match="exactly one hash"):
+        ChunkRef.model_validate({"sha256": "a" * 64, "blake3": "b" * 64, "size": 1})
+    with pytest.raises(ValueError, match="exactly one hash"):
+        ChunkRef.model_validate({"md5": "a" * 32, "size": 1})

@@ -31,7 +31,7 @@ def orphaned_chunks(store: CheckpointStore, parts: dict) -> list[str]:
     """Save `parts` as run "old", then drop its manifest: its chunks stay until a GC."""
     manifest, _ = write_checkpoint(store.storage, "old", 1, **parts)
     store.prune("old", keep_last=0)
-    return [ref.sha256 for ref in manifest.chunks]
+    return [ref.digest for ref in manifest.chunks]
 
 
 def test_a_staged_save_is_visible_only_once_finished(store):
