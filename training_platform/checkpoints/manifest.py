@@ -20,6 +20,8 @@ from typing import Any, Literal, get_args
 import blake3
 from pydantic import BaseModel, Field, model_serializer, model_validator
 
+from training_platform.errors import CheckpointError
+
 FORMAT_VERSION = 3
 READABLE_FORMATS = (2, 3)
 
@@ -142,6 +144,28 @@ class CheckpointManifest(BaseModel):
             "background_seconds": round(self.save.background_seconds, 4),
             "tier": self.tier,
         }
+
+
+def parse_manifest(raw: bytes | str) -> CheckpointManifest:
+    """A stored manifest. One of a newer format is refused by name, not taken for a torn file."""
+    try:
+        return CheckpointManifest.model_validate_json(raw)
+    except ValueError:
+        version = _format_of(raw)
+        if version is not None and version > FORMAT_VERSION:
+            raise CheckpointError(
+                f"checkpoint format {version} is newer than this build reads "
+                f"({', '.join(map(str, READABLE_FORMATS))}); upgrade training_platform"
+            ) from None
+        raise
+
+
+def _format_of(raw: bytes | str) -> int | None:
+    try:
+        version = json.loads(raw).get("format_version")
+    except (ValueError, AttributeError):
+        return None
+    return version if isinstance(version, int) else None
 
 
 def run_checkpoint_summary(manifests: list[CheckpointManifest], training_seconds: float) -> dict:

@@ -22,9 +22,10 @@ import time
 from dataclasses import dataclass, field
 
 from training_platform.checkpoints.layout import chunk_key, step_of_manifest_key
-from training_platform.checkpoints.manifest import CheckpointManifest
+from training_platform.checkpoints.manifest import CheckpointManifest, parse_manifest
 from training_platform.checkpoints.storage import Storage
 from training_platform.checkpoints.writer import MIN_SETTLE_SECONDS
+from training_platform.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +101,11 @@ class _References:
         keys = {k for k in self.storage.list("runs") if step_of_manifest_key(k) is not None}
         for key in keys - set(self._by_key):
             try:
-                manifest = CheckpointManifest.model_validate_json(self.storage.get(key))
+                manifest = parse_manifest(self.storage.get(key))
                 self._by_key[key] = {ref.digest for ref in manifest.chunks}
             except FileNotFoundError:
                 continue
-            except ValueError as exc:
+            except (CheckpointError, ValueError) as exc:
                 # An unreadable manifest cannot tell us its chunks: keep everything this pass.
                 raise RuntimeError(f"GC stopped: manifest {self.storage.uri}/{key} is unreadable ({exc})") from exc
         for key in set(self._by_key) - keys:

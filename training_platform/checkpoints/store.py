@@ -25,7 +25,7 @@ from training_platform.checkpoints.layout import (
     run_prefix,
     step_of_manifest_key,
 )
-from training_platform.checkpoints.manifest import READABLE_FORMATS, CheckpointManifest
+from training_platform.checkpoints.manifest import READABLE_FORMATS, CheckpointManifest, parse_manifest
 from training_platform.checkpoints.retention import GcReport, RetentionPolicy, collect_garbage, steps_to_keep
 from training_platform.checkpoints.storage import LocalStorage, Storage, validate_key
 from training_platform.checkpoints.writer import LEASE_SETTLE_SECONDS, SaveStats, write_checkpoint
@@ -128,9 +128,12 @@ class CheckpointStore:
                 if step is None:
                     continue
                 try:
-                    manifest = CheckpointManifest.model_validate_json(tier.get(key))
-                except (ValueError, OSError) as exc:
-                    reason = f"manifest {tier.uri}/{key} is unreadable (torn or edited): {str(exc).splitlines()[0]}"
+                    manifest = parse_manifest(tier.get(key))
+                except (CheckpointError, ValueError, OSError) as exc:
+                    # A newer format says so itself; anything else is a torn or edited file.
+                    first_line = str(exc).splitlines()[0]
+                    why = first_line if isinstance(exc, CheckpointError) else f"torn or edited: {first_line}"
+                    reason = f"manifest {tier.uri}/{key} is unreadable ({why})"
                     log.warning("ignoring checkpoint: %s", reason)
                     unreadable[step] = reason
                     continue

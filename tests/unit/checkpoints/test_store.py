@@ -235,3 +235,17 @@ def test_a_chunk_reference_names_exactly_one_hash():
         ChunkRef.model_validate({"sha256": "a" * 64, "blake3": "b" * 64, "size": 1})
     with pytest.raises(ValueError, match="exactly one hash"):
         ChunkRef.model_validate({"md5": "a" * 32, "size": 1})
+
+
+def test_a_manifest_of_a_newer_shape_is_named_as_newer_not_torn_and_gc_keeps_its_chunks(store, tmp_path):
+    store.save("run-a", 1, make_state(1))
+    newer, _ = store.save("run-a", 2, make_state(2))
+    path = tmp_path / "store" / manifest_key("run-a", 2)
+    path.write_text(path.read_text().replace('"format_version": 3', '"format_version": 4').replace('"blake3"', '"b4"'))
+    restored = store.restore_latest("run-a")
+    assert restored.manifest.step == 1
+    [(step, reason)] = restored.skipped
+    assert step == 2 and "checkpoint format 4 is newer than this build reads (2, 3); upgrade" in reason
+    with pytest.raises(RuntimeError, match="GC stopped.*upgrade training_platform"):
+        store.gc(grace_seconds=0)
+    assert all((tmp_path / "store" / chunk_key(ref.digest)).exists() for ref in newer.chunks)
