@@ -147,17 +147,15 @@ class CheckpointManifest(BaseModel):
 
 
 def parse_manifest(raw: bytes | str) -> CheckpointManifest:
-    """A stored manifest. One of a newer format is refused by name, not taken for a torn file."""
-    try:
-        return CheckpointManifest.model_validate_json(raw)
-    except ValueError:
-        version = _format_of(raw)
-        if version is not None and version > FORMAT_VERSION:
-            raise CheckpointError(
-                f"checkpoint format {version} is newer than this build reads "
-                f"({', '.join(map(str, READABLE_FORMATS))}); upgrade training_platform"
-            ) from None
-        raise
+    """A stored manifest. One of a newer format is refused by name, before parsing: a field this
+    build does not know may list chunks, and its shape may not parse (it is not a torn file)."""
+    version = _format_of(raw)
+    if version is not None and version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint format {version} is newer than this build reads "
+            f"({', '.join(map(str, READABLE_FORMATS))}); upgrade training_platform"
+        )
+    return CheckpointManifest.model_validate_json(raw)
 
 
 def _format_of(raw: bytes | str) -> int | None:

@@ -122,6 +122,7 @@ class CheckpointStore:
     def _scan(self, run_id: str) -> tuple[list[CheckpointManifest], dict[int, str]]:
         found: dict[int, CheckpointManifest] = {}
         unreadable: dict[int, str] = {}
+        newer: dict[int, str] = {}
         for tier_name, tier in self._tiers_coldest_first():
             for key in tier.list(run_prefix(run_id)):
                 step = step_of_manifest_key(key)
@@ -129,16 +130,20 @@ class CheckpointStore:
                     continue
                 try:
                     manifest = parse_manifest(tier.get(key))
-                except (CheckpointError, ValueError, OSError) as exc:
-                    # A newer format says so itself; anything else is a torn or edited file.
-                    first_line = str(exc).splitlines()[0]
-                    why = first_line if isinstance(exc, CheckpointError) else f"torn or edited: {first_line}"
-                    reason = f"manifest {tier.uri}/{key} is unreadable ({why})"
+                except CheckpointError as exc:  # a newer format
+                    newer[step] = str(exc)
+                    continue
+                except (ValueError, OSError) as exc:
+                    reason = f"manifest {tier.uri}/{key} is unreadable (torn or edited): {str(exc).splitlines()[0]}"
                     log.warning("ignoring checkpoint: %s", reason)
                     unreadable[step] = reason
                     continue
                 found[manifest.step] = manifest.model_copy(update={"uri": f"{tier.uri}/{key}", "tier": tier_name})
                 unreadable.pop(manifest.step, None)
+        if newer:
+            # Resuming from an older checkpoint would save over the newer ones: leave the run alone.
+            step = max(newer)
+            raise CheckpointError(f"run {run_id} has a checkpoint this build cannot read at step {step}: {newer[step]}")
         return [found[step] for step in sorted(found)], unreadable
 
     def run_ids(self) -> list[str]:
@@ -201,10 +206,9 @@ class CheckpointStore:
     def check_manifest(self, manifest: CheckpointManifest) -> None:
         """Raise CheckpointError unless the manifest is of this format and matches its own sha256."""
         if manifest.format_version not in READABLE_FORMATS:
-            upgrade = "; upgrade training_platform" if manifest.format_version > max(READABLE_FORMATS) else ""
             raise CheckpointError(
                 f"manifest {manifest.uri} has format {manifest.format_version}; "
-                f"this build reads formats {', '.join(map(str, READABLE_FORMATS))}{upgrade}"
+                f"this build reads formats {', '.join(map(str, READABLE_FORMATS))}"
             )
         if manifest.content_hash() != manifest.manifest_sha256:
             raise CheckpointError(f"manifest {manifest.uri} does not match its sha256 (edited or torn)")

@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import blake3
 import numpy as np
 import pytest
 import torch
@@ -16,7 +17,8 @@ from training_platform.checkpoints.manifest import ChunkRef
 from training_platform.checkpoints.storage import LocalStorage
 from training_platform.errors import CheckpointError
 
-# Written by the format-2 build (901a356) with small_chunks: store.save("format2-run", 7, make_state(0)).
+# Written by the format-2 build (901a356) with small_chunks:
+# store.save("format2-run", 7, make_state(0), metrics={"loss": 0.5}).
 FORMAT_2_STORE = Path(__file__).resolve().parents[2] / "fixtures" / "checkpoint_format2"
 
 
@@ -183,10 +185,10 @@ def test_chunks_are_named_by_blake3_and_stored_under_that_name(store, tmp_path):
     manifest, _ = store.save("run-a", 1, make_state())
     stored = json.loads((tmp_path / "store" / manifest_key("run-a", 1)).read_text())
     assert manifest.format_version == 3
-    assert {ref.algorithm for ref in manifest.chunks} == {"blake3"}
     assert set(stored["skeleton"]) == {"blake3", "size"}
     for ref in manifest.chunks:
-        assert ref.matches((tmp_path / "store" / chunk_key(ref.digest)).read_bytes())
+        data = (tmp_path / "store" / chunk_key(ref.digest)).read_bytes()
+        assert ref.algorithm == "blake3" and ref.digest == blake3.blake3(data).hexdigest()
 
 
 def test_a_format_2_checkpoint_still_restores_and_new_saves_beside_it_use_format_3(tmp_path, small_chunks):
@@ -199,6 +201,8 @@ def test_a_format_2_checkpoint_still_restores_and_new_saves_beside_it_use_format
     assert old.manifest.metrics == {"loss": 0.5}
 
     store.save("format2-run", 8, make_state(1))
+    store.gc(grace_seconds=0)
+    assert_same(make_state(0), store.load(old.manifest)), "GC keeps the chunks of a kept format-2 checkpoint"
     store.prune("format2-run", keep_last=1)
     store.gc(grace_seconds=0)
     assert not any((tmp_path / "store" / chunk_key(ref.digest)).exists() for ref in old.manifest.chunks), (
@@ -220,15 +224,6 @@ def test_a_corrupted_format_2_chunk_is_caught_by_its_sha256(tmp_path):
         store.load(manifest)
 
 
-def test_a_manifest_of_a_newer_format_is_refused_with_the_fix(store, tmp_path):
-    store.save("run-a", 1, make_state())
-    path = tmp_path / "store" / manifest_key("run-a", 1)
-    path.write_text(path.read_text().replace('"format_version": 3', '"format_version": 4'))
-    [manifest] = store.list("run-a")
-    with pytest.raises(CheckpointError, match="format 4; this build reads formats 2, 3; upgrade training_platform"):
-        store.check_manifest(manifest)
-
-
 def test_a_chunk_reference_names_exactly_one_hash():
     assert ChunkRef.model_validate({"sha256": "a" * 64, "size": 1}).algorithm == "sha256"
     with pytest.raises(ValueError, match="exactly one hash"):
@@ -237,15 +232,26 @@ def test_a_chunk_reference_names_exactly_one_hash():
         ChunkRef.model_validate({"md5": "a" * 32, "size": 1})
 
 
-def test_a_manifest_of_a_newer_shape_is_named_as_newer_not_torn_and_gc_keeps_its_chunks(store, tmp_path):
+@pytest.mark.parametrize("shape", ["same", "new"], ids=["parses", "does-not-parse"])
+def test_a_run_with_a_checkpoint_of_a_newer_format_is_left_alone(store, tmp_path, shape):
+    """Resuming from an older checkpoint would save over the newer one; GC could delete its chunks."""
     store.save("run-a", 1, make_state(1))
     newer, _ = store.save("run-a", 2, make_state(2))
+    only_listed_there = b"a chunk the newer format lists in a field this build does not know"
+    digest = blake3.blake3(only_listed_there).hexdigest()
+    store.storage.put(chunk_key(digest), only_listed_there)
     path = tmp_path / "store" / manifest_key("run-a", 2)
-    path.write_text(path.read_text().replace('"format_version": 3', '"format_version": 4').replace('"blake3"', '"b4"'))
-    restored = store.restore_latest("run-a")
-    assert restored.manifest.step == 1
-    [(step, reason)] = restored.skipped
-    assert step == 2 and "checkpoint format 4 is newer than this build reads (2, 3); upgrade" in reason
+    body = json.loads(path.read_text()) | {"format_version": 4, "extra_chunks": [{"blake3": digest, "size": 66}]}
+    text = json.dumps(body) if shape == "same" else json.dumps(body).replace('"blake3"', '"b4"')
+    path.write_text(text)
+
+    fix = r"cannot read at step 2: checkpoint format 4 is newer than this build reads \(2, 3\); upgrade"
+    with pytest.raises(CheckpointError, match=fix):
+        store.restore_latest("run-a")
+    with pytest.raises(CheckpointError, match=fix):
+        store.prune("run-a", keep_last=1)
     with pytest.raises(RuntimeError, match="GC stopped.*upgrade training_platform"):
         store.gc(grace_seconds=0)
-    assert all((tmp_path / "store" / chunk_key(ref.digest)).exists() for ref in newer.chunks)
+    assert path.read_text() == text
+    for key in [chunk_key(digest)] + [chunk_key(ref.digest) for ref in newer.chunks]:
+        assert (tmp_path / "store" / key).exists()

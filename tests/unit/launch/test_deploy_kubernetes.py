@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from training_platform.launch.base import AGENT_MODULE
 from training_platform.launch.k8s_manifests import KubernetesConfig
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes"
@@ -151,3 +155,44 @@ def test_training_image_pins_the_projects_torch_and_runs_as_non_root():
     assert f"ARG TORCH_VERSION={torch_pin}" in dockerfile
     assert re.search(r"^USER 1000$", dockerfile, re.MULTILINE)
     assert "dagster-pipes" in dockerfile and "pip install dagster " not in dockerfile
+
+
+# Imports, in a fresh interpreter, what a training pod runs; prints the distributions that the
+# loaded training_platform modules import at module level (function-level imports are optional paths).
+_POD_IMPORTS = """
+import ast, importlib, json, sys
+from importlib.metadata import packages_distributions
+for module in sys.argv[1:]:
+    importlib.import_module(module)
+
+def imported(node):
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return
+    if isinstance(node, ast.Import):
+        yield from (alias.name.split(".")[0] for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.level == 0:
+        yield node.module.split(".")[0]
+    for child in ast.iter_child_nodes(node):
+        yield from imported(child)
+
+names = set()
+for name, module in list(sys.modules.items()):
+    if name.startswith("training_platform") and getattr(module, "__file__", None):
+        with open(module.__file__) as source:
+            names.update(imported(ast.parse(source.read())))
+third_party = {n for n in names if n not in sys.stdlib_module_names and n not in ("__future__", "training_platform")}
+dists = packages_distributions()
+print(json.dumps(sorted({dist for n in third_party for dist in dists.get(n, [n])})))
+"""
+
+
+def test_training_image_installs_every_package_the_worker_imports():
+    modules = ["training_platform.train.__main__", "training_platform.train.loop", AGENT_MODULE]
+    modules.append("training_platform.checkpoints.writer_process")
+    done = subprocess.run([sys.executable, "-c", _POD_IMPORTS, *modules], capture_output=True, text=True, check=True)
+    imported = json.loads(done.stdout)
+    assert {"torch", "pydantic"} <= set(imported), "the probe must see the worker's imports"
+    dockerfile = (DEPLOY / "image" / "Dockerfile").read_text()
+    installed = {name.lower().replace("_", "-") for name in re.findall(r'"([A-Za-z0-9_.-]+)[=<>~!]', dockerfile)}
+    missing = [dist for dist in imported if dist.lower().replace("_", "-") not in installed]
+    assert not missing, f"deploy/kubernetes/image/Dockerfile does not install {missing}, which the worker imports"
