@@ -116,7 +116,10 @@ class CheckpointStore:
 
     # ----- reading -------------------------------------------------------------------------
     def list(self, run_id: str) -> list[CheckpointManifest]:
-        """Manifests of the run that parse, oldest first, from every tier (not yet hash-verified)."""
+        """Manifests of the run that parse, oldest first, from every tier (not yet hash-verified).
+
+        Raises CheckpointError when the run has a checkpoint of a newer format than this build's.
+        """
         return self._scan(run_id)[0]
 
     def _scan(self, run_id: str) -> tuple[list[CheckpointManifest], dict[int, str]]:
