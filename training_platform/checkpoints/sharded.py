@@ -102,6 +102,25 @@ def save_sharded(
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def list_on_main(store: CheckpointStore, run_id: str, *, process_group=None) -> list[CheckpointManifest]:
+    """Collective: the run's manifests, listed once on rank 0 and sent to every rank.
+
+    A failure there (a storage error, a checkpoint of a newer format) is raised on every rank, so
+    no rank waits for a list that will not come.
+    """
+    if _rank(process_group) == 0:
+        try:
+            manifests = store.list(run_id)
+        except (CheckpointError, OSError) as exc:
+            _broadcast(str(exc), process_group)
+            raise
+        return _broadcast(manifests, process_group)
+    listed = _broadcast(None, process_group)
+    if isinstance(listed, str):
+        raise CheckpointError(f"rank 0 could not list the checkpoints of run {run_id}: {listed}")
+    return listed
+
+
 def _broadcast(obj: Any, group) -> Any:
     if not _distributed(group):
         return obj
@@ -139,7 +158,7 @@ def restore_latest_sharded(
 ) -> tuple[CheckpointManifest, list[tuple[int, str]]] | None:
     """Collective: load the newest sharded checkpoint that verifies; returns it and the skipped ones."""
     skipped: list[tuple[int, str]] = []
-    manifests = _broadcast(store.list(run_id) if _rank(process_group) == 0 else None, process_group)
+    manifests = list_on_main(store, run_id, process_group=process_group)
     for manifest in reversed(manifests):
         if manifest.kind != "files":
             continue

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from training_platform.checkpoints.sharded import list_on_main
 from training_platform.errors import CheckpointError
 from training_platform.spec import TrainSpec
 from training_platform.train.strategies.base import OptimizerFactory, Strategy
@@ -105,7 +106,7 @@ class DeepSpeedStrategy(Strategy):
 
     def restore(self) -> int | None:
         session = self.session
-        manifests = _broadcast(session.store.list(session.run_id) if session.dist.is_main else None)
+        manifests = list_on_main(session.store, session.run_id)
         for manifest in reversed([m for m in manifests if m.attributes.get("format") == FORMAT]):
             staging = Path(tempfile.mkdtemp(prefix=f"tp-ds-restore-{session.dist.rank}-"))
             try:
@@ -154,14 +155,6 @@ def _ensure_process_group(backend: str) -> None:
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
-
-
-def _broadcast(obj: Any) -> Any:
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def _all_gather(obj: Any) -> list[Any]:

@@ -11,7 +11,6 @@ import pickle
 import time
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -20,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from training_platform.checkpoints.sharded import restore_latest_sharded, save_sharded
+from training_platform.checkpoints.sharded import list_on_main, restore_latest_sharded, save_sharded
 from training_platform.train.strategies.base import OptimizerFactory, Strategy
 
 FORMAT = "torch.distributed.checkpoint"
@@ -95,7 +94,4 @@ class FSDPStrategy(Strategy):
 
 
 def _any_sharded(session) -> bool:
-    found = [any(m.kind == "files" for m in session.store.list(session.run_id))] if session.dist.is_main else [None]
-    if session.dist.world_size > 1:
-        dist.broadcast_object_list(found, src=0)
-    return bool(found[0])
+    return any(manifest.kind == "files" for manifest in list_on_main(session.store, session.run_id))
