@@ -147,23 +147,16 @@ class CheckpointManifest(BaseModel):
 
 
 def parse_manifest(raw: bytes | str) -> CheckpointManifest:
-    """A stored manifest. One of a newer format is refused by name, before parsing: a field this
-    build does not know may list chunks, and its shape may not parse (it is not a torn file)."""
-    version = _format_of(raw)
-    if version is not None and version > FORMAT_VERSION:
+    """A stored manifest; ValueError when torn. One of a newer format is refused by name before it
+    is validated: a field this build does not know may list chunks, and its shape may not parse."""
+    body = json.loads(raw)
+    version = body.get("format_version") if isinstance(body, dict) else None
+    if isinstance(version, int) and version > FORMAT_VERSION:
         raise CheckpointError(
             f"checkpoint format {version} is newer than this build reads "
             f"({', '.join(map(str, READABLE_FORMATS))}); upgrade training_platform"
         )
-    return CheckpointManifest.model_validate_json(raw)
-
-
-def _format_of(raw: bytes | str) -> int | None:
-    try:
-        version = json.loads(raw).get("format_version")
-    except (ValueError, AttributeError):
-        return None
-    return version if isinstance(version, int) else None
+    return CheckpointManifest.model_validate(body)
 
 
 def run_checkpoint_summary(manifests: list[CheckpointManifest], training_seconds: float) -> dict:

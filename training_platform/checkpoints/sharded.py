@@ -154,11 +154,20 @@ def load_sharded(
 
 
 def restore_latest_sharded(
-    store: CheckpointStore, run_id: str, state_dict: dict[str, Any], *, process_group=None
+    store: CheckpointStore,
+    run_id: str,
+    state_dict: dict[str, Any],
+    *,
+    process_group=None,
+    manifests: list[CheckpointManifest] | None = None,
 ) -> tuple[CheckpointManifest, list[tuple[int, str]]] | None:
-    """Collective: load the newest sharded checkpoint that verifies; returns it and the skipped ones."""
+    """Collective: load the newest sharded checkpoint that verifies; returns it and the skipped ones.
+
+    `manifests`: the run's, when the caller has already listed them with `list_on_main`.
+    """
     skipped: list[tuple[int, str]] = []
-    manifests = list_on_main(store, run_id, process_group=process_group)
+    if manifests is None:
+        manifests = list_on_main(store, run_id, process_group=process_group)
     for manifest in reversed(manifests):
         if manifest.kind != "files":
             continue

@@ -72,10 +72,11 @@ class FSDPStrategy(Strategy):
 
     def restore(self) -> int | None:
         session = self.session
-        if not _any_sharded(session):
+        manifests = list_on_main(session.store, session.run_id)
+        if not any(manifest.kind == "files" for manifest in manifests):
             return None  # skip get_state_dict's optimizer-state initialization on a fresh run
         state = self._state() | {"rng": b"", "step": -1}
-        restored = restore_latest_sharded(session.store, session.run_id, state)
+        restored = restore_latest_sharded(session.store, session.run_id, state, manifests=manifests)
         if restored is None:
             return None
         manifest, skipped = restored
@@ -91,7 +92,3 @@ class FSDPStrategy(Strategy):
             return self.module.state_dict()
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.module, options=options)
-
-
-def _any_sharded(session) -> bool:
-    return any(manifest.kind == "files" for manifest in list_on_main(session.store, session.run_id))
