@@ -7,10 +7,10 @@ export DAGSTER_HOME ?= $(TP_HOME)/dagster
 
 .PHONY: demo test test-unit ui lint bench clean
 
-$(BIN)/tp: pyproject.toml
+$(BIN)/tp: pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(BIN)/tp
 
 demo: $(BIN)/tp
@@ -23,12 +23,12 @@ test: $(BIN)/tp
 test-unit: $(BIN)/tp
 	$(BIN)/pytest -q tests/unit
 
+# The platform server's UI (the same instance `tp` submits to), and the MLflow UI in the foreground:
+# Ctrl-C stops the MLflow UI; the platform server goes on until `tp server stop`.
 ui: $(BIN)/tp
-	mkdir -p $(DAGSTER_HOME)
-	@echo "MLflow UI on http://127.0.0.1:5000, Dagster UI on http://127.0.0.1:3000"
-	$(BIN)/mlflow ui --host 127.0.0.1 --port 5000 \
-		--backend-store-uri sqlite:///$(TP_HOME)/mlflow.db & \
-	trap 'kill $$!' EXIT; $(BIN)/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+	$(BIN)/tp server start
+	@echo "MLflow UI on http://127.0.0.1:5000 (Ctrl-C stops it)"
+	$(BIN)/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///$(TP_HOME)/mlflow.db
 
 lint: $(BIN)/tp
 	$(BIN)/ruff check .

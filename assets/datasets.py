@@ -10,6 +10,7 @@ from resources.platform import PlatformResource
 from training_platform.datasets import validate_snapshot
 from training_platform.datasets.daily import DIGITS_DAILY, build_snapshot_as_of, default_landing
 from training_platform.errors import SpecError
+from training_platform.runs import spec_from_json
 
 SNAPSHOT_START_DATE = "2026-11-01"
 """First day a snapshot partition exists for; backfills reach back to here."""
@@ -32,6 +33,11 @@ class SnapshotConfig(dg.Config):
         "partition's day; an un-dated one (sklearn_digits) is the same snapshot every day",
     )
     landing_dir: str | None = Field(None, description="landing directory of daily drops; default $TP_HOME/landing")
+    spec: str | None = Field(
+        None,
+        description="a TrainSpec (JSON) to train once this snapshot passes its expectations: the run named by the "
+        "run's `tp/then_train` tag (`tp train`), or each backfilled day's run (`tp retrain`)",
+    )
 
 
 def today_partition() -> str:
@@ -41,12 +47,6 @@ def today_partition() -> str:
 
 def landing_for(platform: PlatformResource, landing_dir: str | None = None) -> Path:
     return Path(landing_dir).expanduser() if landing_dir else default_landing(platform.paths().root)
-
-
-def snapshot_run_config(source: str, landing_dir: str | None = None) -> dict:
-    """Run config that builds `source` (for sensors, schedules and the CLI)."""
-    config = {"source": source} | ({"landing_dir": landing_dir} if landing_dir else {})
-    return {"ops": {"dataset_snapshot": {"config": config}}}
 
 
 @dg.asset(
@@ -65,6 +65,8 @@ def snapshot_run_config(source: str, landing_dir: str | None = None) -> dict:
     ],
 )
 def dataset_snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig, platform: PlatformResource):
+    if config.spec:  # the run to train after this snapshot: refused now, not after the build
+        spec_from_json(config.spec, source="dataset_snapshot config: spec")
     root = platform.paths().snapshots
     day = date.fromisoformat(context.partition_key)
     built = build_snapshot_as_of(config.source, root, as_of=day, landing=landing_for(platform, config.landing_dir))

@@ -5,7 +5,9 @@ import dagster as dg
 from assets.partitions import training_runs
 from resources.platform import PlatformResource
 from training_platform import tracking
+from training_platform.checkpoints import open_store
 from training_platform.evaluate import evaluate_checkpoint, find_checkpoint, input_example, load_model
+from training_platform.lifecycle.registry import model_pin_reason
 from training_platform.spec import parse_spec
 
 
@@ -89,6 +91,10 @@ def registered_model(
     version = tracking.register_model(
         tracking_uri, training_run["mlflow_run_id"], model_name, model, example, tags, gate.promote
     )
+    # While the version exists, retention, tiering and GC keep its checkpoint (the lifecycle
+    # schedule removes the pin once the version is deleted or archived).
+    open_store(store_uri).pin(manifest.run_id, manifest.step, model_pin_reason(model_name, version))
+    context.log.info(f"pinned checkpoint {manifest.uri} for {model_name} v{version}")
     value = {
         "model_name": model_name,
         "model_version": version,
@@ -102,6 +108,7 @@ def registered_model(
         "model_version": version,
         "promoted": gate.promote,
         "gate": gate.reason,
+        "pinned_checkpoint": manifest.uri,
         "champion_before": gate.champion_version or "none",
     }
     return dg.Output(value, metadata=metadata)

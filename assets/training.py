@@ -1,5 +1,8 @@
 """The training_run asset: one partition per run, launched through the launcher resource."""
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import dagster as dg
 from pydantic import Field
 
@@ -8,20 +11,28 @@ from resources.launcher import LauncherResource
 from resources.platform import PlatformResource
 from training_platform import tracking
 from training_platform.attempts import begin_attempt, finish_attempt
-from training_platform.cost.accounting import record_run_cost
-from training_platform.errors import SpecError
+from training_platform.cost.accounting import record_storage_cost
+from training_platform.cost.attempts import resume_step
+from training_platform.cost.budgets import check_run_budget
+from training_platform.cost.charges import run_money, settle
+from training_platform.errors import PlatformError, SpecError
 from training_platform.launch import JobState, RunRequest
 from training_platform.lineage import LineageKey, environment_lock
 from training_platform.preemption import summarize
 from training_platform.preflight import preflight
 from training_platform.reproduce import compare
 from training_platform.runlog import RunEvents
-from training_platform.runs import load_run_spec, read_result
-from training_platform.spec import parse_spec
+from training_platform.runs import load_run_spec, read_result, register_submitted
+from training_platform.spec import TrainSpec, parse_spec
 from training_platform.sweeps.trial import TrialContext
 
 
 class TrainingRunConfig(dg.Config):
+    spec: str | None = Field(
+        None,
+        description="the run's TrainSpec as JSON: registers a new run under the partition's key (`tp train` sets "
+        "it); a run registered before keeps the spec it was registered with",
+    )
     backend: str | None = Field(None, description="run on this backend instead of the one the spec names")
     capacity: str | None = Field(
         None, description="spot or ondemand: overrides resources.spot (the preemption sensor sets ondemand)"
@@ -54,6 +65,8 @@ def training_run(
     home = platform.paths()
     run_id = context.partition_key
     run_dir = home.run_dir(run_id)
+    if config.spec:
+        register_submitted(home, run_id, config.spec)
     attempt = begin_attempt(run_dir, run_id)
     if attempt.is_reproduction:
         # Reproduce from the original's lineage: its resolved spec pins the snapshot it trained on.
@@ -72,7 +85,16 @@ def training_run(
         spec = spec.model_copy(
             update={"resources": spec.resources.model_copy(update={"spot": config.capacity == "spot"})}
         )
-    preflight(spec, home, store_uri)
+    spec = preflight(spec, home, store_uri)  # the team's defaults filled in: launch what was checked
+    # The one budget gate every entry point passes (tp, the UI, sensors, retrains, resumes, retries, trials):
+    # a resume is estimated from the step it resumes at, a reproduction from scratch.
+    from_step = 0 if attempt.is_reproduction else resume_step(RunEvents(run_dir).read())
+    budget = check_run_budget(spec, home.root, from_step, stage="launched")
+    if budget.budget_usd is not None:
+        context.log.info(
+            f"team {spec.team}: spent ${budget.spent_usd:.2f} of ${budget.budget_usd:.2f} this month; "
+            f"this run is estimated at ${budget.estimate_usd:.2f}"
+        )
 
     lineage = LineageKey.of(spec)
     tracking_uri = platform.mlflow_uri()
@@ -80,6 +102,7 @@ def training_run(
     trial = TrialContext.read(home.run_dir(run_id))  # set when this run is a sweep trial
     tags.update(trial.mlflow_tags() if trial else {})
     mlflow_run_id = tracking.start_run(tracking_uri, home.mlflow_artifacts, spec, tags)
+    charged = _Charging(home.root, run_dir, run_id, spec, trial.sweep if trial else None, tracking_uri, mlflow_run_id)
     context.log.info(f"MLflow run {mlflow_run_id} in experiment {tracking.experiment_name(spec)}")
 
     request = RunRequest(
@@ -94,21 +117,32 @@ def training_run(
         }
         | (trial.worker_env() if trial else {}),
     )
-    outcome = launcher.run(context, request)
+    try:
+        outcome = launcher.run(context, request)
+    except BaseException:  # terminated (the job was cancelled with it) or the launch failed
+        charged.settle(context)  # whatever the attempts did, they are paid for
+        tracking.end_run(tracking_uri, mlflow_run_id, succeeded=False)
+        raise
     result = read_result(home, run_id)
     succeeded = outcome.status.state == JobState.SUCCEEDED and result is not None
+    money = charged.settle(context, result if succeeded else None, attempt.checkpoint_key)
     tracking.end_run(tracking_uri, mlflow_run_id, succeeded)
     preemptions = summarize(RunEvents(run_dir).read())
     if outcome.status.state == JobState.PREEMPTED:
         raise dg.Failure(
             description=f"training run {run_id} was preempted ({outcome.status.reason}); its emergency checkpoint "
             "is in the store and the preemption sensor resumes it",
-            metadata={"preempted": True, **_preemption_metadata(preemptions)},
+            metadata={"preempted": True, **_preemption_metadata(preemptions), **money},
         )
     if not succeeded:
         raise dg.Failure(
             description=f"training run {run_id} ended {outcome.status.state}: {outcome.status.reason}",
-            metadata={"job_id": outcome.job_id, "log_tail": dg.MetadataValue.md(f"```\n{outcome.logs_tail}\n```")},
+            metadata={
+                "job_id": outcome.job_id,
+                "log_tail": dg.MetadataValue.md(f"```\n{outcome.logs_tail}\n```"),
+                **_preemption_metadata(preemptions),
+                **money,
+            },
         )
 
     reported = {}
@@ -124,11 +158,12 @@ def training_run(
         "spec_hash": lineage.spec_hash,
         "code_commit": lineage.code_commit,
         "checkpoint_store": store_uri,
+        "tracking_uri": tracking_uri,
         "checkpoints": len(result["checkpoints"]),
         **_preemption_metadata(preemptions),
+        **money,  # every attempt's dollars, badput and goodput, storage once finished
+        "status": result.get("status", "SUCCEEDED"),  # PRUNED for pruned trials
     }
-    cost = record_run_cost(home.root, spec, run_id, result, preemptions.metadata()["lost_steps"], trial and trial.sweep)
-    metadata.update(cost.as_metadata(), status=result.get("status", "SUCCEEDED"))  # PRUNED for pruned trials
     value = {
         **result,
         "spec": spec.model_dump(mode="json"),
@@ -141,6 +176,40 @@ def training_run(
     finish_attempt(run_dir, value)
     yield dg.Output(value, metadata=metadata, data_version=dg.DataVersion(result["final_weights_sha256"]))
     yield _reproducibility(attempt, value)
+
+
+@dataclass
+class _Charging:
+    """Charges the attempts a launch closed, and says what the run cost so far (metadata, MLflow)."""
+
+    home_root: Path
+    run_dir: Path
+    run_id: str
+    spec: TrainSpec
+    sweep: str | None
+    tracking_uri: str
+    mlflow_run_id: str
+
+    def settle(self, context: dg.AssetExecutionContext, result: dict | None = None, storage_key: str = "") -> dict:
+        try:
+            settle(self.home_root, self.run_dir, self.run_id, self.spec, self.sweep)
+            if result is not None:  # a finished run's checkpoints, once
+                record_storage_cost(self.home_root, self.spec, self.run_id, storage_key, result, self.sweep)
+            money = run_money(self.home_root, self.run_id)
+        except (OSError, ValueError, PlatformError) as exc:  # the preemption sensor settles it at its next tick
+            context.log.warning(f"run {self.run_id}: its attempts could not be charged now ({exc}); the "
+                                "preemption sensor charges them at its next tick")
+            return {}
+        context.log.info(
+            f"run {self.run_id}: {money['attempts']} attempt(s) charged, ${money['cost_total_usd']:.6f} in all "
+            f"(badput ${money['cost_badput_usd']:.6f}, lost work ${money['cost_lost_work_usd']:.6f}), "
+            f"goodput {money['goodput']:.1%}"
+        )
+        try:
+            tracking.log_metrics(self.tracking_uri, self.mlflow_run_id, money)
+        except Exception as exc:  # noqa: BLE001 - MLflow down for a moment: the ledger and Dagster have it
+            context.log.warning(f"run {self.run_id}: cost not logged to MLflow: {exc}")
+        return money
 
 
 def _reproducibility(attempt, record: dict) -> dg.AssetCheckResult:

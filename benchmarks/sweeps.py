@@ -144,7 +144,7 @@ def asha_compute_ratio(seeds: int, trials: int) -> None:
 
 
 def fairness() -> None:
-    from tests.integration.sweeps.fairness_harness import run_fairness
+    from benchmarks.queue_harness import run_fairness
 
     # The daemon's last run workers may still be writing their history as the directory goes.
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:

@@ -2,7 +2,9 @@
 
 The resource opens a Dagster Pipes session whose messages travel through a file in the run
 directory (visible to the job on a local disk or a shared filesystem), submits the plan with
-the chosen launcher, and follows the job until it finishes.
+the chosen launcher, and follows the job until it finishes. Terminating the Dagster run (the UI's
+Terminate button, `tp cancel`) interrupts the wait, and the job is cancelled with it: the local
+process group, the Slurm job, the Kubernetes Job; the checkpoints it saved stay.
 """
 
 from __future__ import annotations
@@ -13,11 +15,19 @@ from dataclasses import dataclass, replace
 import dagster as dg
 from pydantic import Field
 
+from resources.live_run import LiveRun
 from resources.pipes_reader import PipesJsonLinesReader
-from training_platform.launch import JobState, JobStatus, Launcher, RunRequest
+from training_platform.errors import PlatformError
+from training_platform.launch import JobHandle, JobState, JobStatus, Launcher, RunRequest
 from training_platform.launch.registry import launcher_for
+from training_platform.requeue import follow_requeued
 from training_platform.runlog import RunEvents
 
+CANCEL_WAIT_S = 30.0
+STATUS_OUTAGE_S = 120.0  # how long the backend may fail to report the job's state before the run fails
+# What Dagster raises in a run it terminates (the UI's Terminate button, `tp cancel`): the job goes too.
+# Any other error leaves the job alone: the preemption sensor follows a job whose run stopped following it.
+TERMINATED = (dg.DagsterExecutionInterruptedError, KeyboardInterrupt)
 
 @dataclass
 class LaunchOutcome:
@@ -54,12 +64,78 @@ class LauncherResource(dg.ConfigurableResource):
             context.log.info(f"launch plan:\n{plan.render()}")
             handle = launcher.submit(plan)
             events = RunEvents(request.run_dir)
-            events.append("submitted", backend=handle.backend, job_id=handle.job_id, dagster_run_id=context.run_id)
-            context.log.info(f"submitted {handle.backend} job {handle.job_id}")
-            status = launcher.status(handle)
-            while not status.state.finished and status.state != JobState.PREEMPTED:
-                time.sleep(self.poll_seconds)
-                status = launcher.status(handle)
+            try:  # from here on, a terminated run takes its job with it
+                # The capacity it runs on prices its attempts (cost/charges.py); a resume may move to on-demand.
+                events.append("submitted", backend=handle.backend, job_id=handle.job_id, dagster_run_id=context.run_id,
+                              spot=request.spec.resources.spot)
+                context.log.info(f"submitted {handle.backend} job {handle.job_id}")
+                live = LiveRun(context, launcher, handle, request.run_dir, request.spec.training.max_steps)
+                status = self._wait(context, launcher, handle, live, request, events)
+                live.poll(final=True)
+            except TERMINATED:
+                self._cancel(context, launcher, handle, events)
+                raise
             events.append("job_ended", state=status.state.value, reason=status.reason)
         logs = launcher.logs(handle)
         return LaunchOutcome(status, handle.job_id, list(session.get_results()), logs[-4000:])
+
+    def _wait(
+        self,
+        context: dg.AssetExecutionContext,
+        launcher: Launcher,
+        handle: JobHandle,
+        live: LiveRun,
+        request: RunRequest,
+        events: RunEvents,
+    ) -> JobStatus:
+        """Poll until the job ends or is preempted; a backend that does not answer for a while is asked again.
+
+        Each time the job starts running (first, and again after a requeue) is recorded: an attempt is charged
+        from when its job held its allocation, not from when it was queued (cost/attempts.py). A requeued job
+        is moved to on-demand when due and released from the engine's hold (requeue.py)."""
+        failures, running, ran = 0, False, False
+        while True:
+            try:
+                status = launcher.status(handle)
+                failures = 0
+                if status.state == JobState.RUNNING and not running:
+                    events.append("job_running", again=ran)
+                running = status.state == JobState.RUNNING
+                ran = ran or running
+            except PlatformError as exc:  # squeue or the API server busy for a moment: the job goes on
+                failures += 1
+                if failures * self.poll_seconds > STATUS_OUTAGE_S:
+                    raise
+                context.log.warning(f"could not read the state of job {handle.job_id} ({exc}); asking again")
+            else:
+                if status.state.finished or status.state == JobState.PREEMPTED:
+                    return status
+                self._follow_requeued(context, launcher, handle, request, status)
+            time.sleep(self.poll_seconds)
+            live.poll()
+
+    @staticmethod
+    def _follow_requeued(
+        context: dg.AssetExecutionContext, launcher: Launcher, handle: JobHandle, request: RunRequest, status: JobStatus
+    ) -> None:
+        try:
+            done = follow_requeued(launcher, handle, request.spec, request.run_dir, status)
+        except PlatformError as exc:  # the job is between states; the next poll asks again
+            context.log.debug(f"requeued job {handle.job_id} not moved yet: {exc}")
+            return
+        for what in done:
+            context.log.warning(what)
+
+    def _cancel(self, context: dg.AssetExecutionContext, launcher: Launcher, handle: JobHandle, events) -> None:
+        """The Dagster run was terminated (or its process is going down): the job goes with it."""
+        context.log.warning(f"the run was terminated: cancelling {handle.backend} job {handle.job_id}")
+        # Recorded first: a cancelled job's ranks exit as if preempted, and the preemption sensor must not
+        # take them for a preemption to resume while the cancel is under way.
+        events.append("job_ended", state=JobState.CANCELLED.value, reason="cancelled: the Dagster run was terminated")
+        launcher.cancel(handle)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        status = launcher.status(handle)
+        while not status.state.finished and status.state != JobState.PREEMPTED and time.monotonic() < deadline:
+            time.sleep(0.2)
+            status = launcher.status(handle)
+        context.log.warning(f"{handle.backend} job {handle.job_id} ended {status.state.value}; its checkpoints stay")

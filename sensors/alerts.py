@@ -1,24 +1,30 @@
-"""The alert sensor: fleet rules (queue wait, failure rate) and per-run rules, delivered once each.
+"""The alert sensor: live rules while they happen, and the per-run rules of finished runs, delivered once each.
 
 Run records come from the Dagster instance (queue, start and end times, final state) merged with
-each run's own telemetry file (utilization, data wait, checkpoint overhead, cost). The cursor
-remembers what was delivered, so an alert reaches the log and Slack once, not every tick.
+each run's own telemetry file (utilization, data wait, checkpoint overhead, cost), which running
+workers refresh; team spend comes from the cost ledger. Every minute it evaluates a running run's
+utilization, a queued run's wait, each team's failure rate over a day and its last hour's spend
+(training_platform/telemetry/alerts.py). An alert goes to the log, the webhook, the run's tags and,
+for a run's own rules, the run's asset check in the UI. The cursor remembers what was delivered (by
+`Alert.key`), so an alert is delivered once, not every tick.
 """
 
 import json
 import time
+from datetime import UTC, datetime
 
 import dagster as dg
 
 from resources.alerts import AlertsResource
 from resources.platform import PlatformResource
+from training_platform.cost.accounting import CostLedger
 from training_platform.paths import PlatformHome
 from training_platform.runs import SUBMITTED_SPEC
-from training_platform.telemetry.alerts import Alert, evaluate_fleet, evaluate_run
+from training_platform.submission import PARTITION_TAG
+from training_platform.telemetry.alerts import RUN_RULES, Alert, evaluate_live, evaluate_run
 from training_platform.telemetry.records import RunRecord, latest_per_run, load_run_record
 
 TRAINING_ASSET = dg.AssetKey("training_run")
-PARTITION_TAG = "dagster/partition"
 _STATES = {
     dg.DagsterRunStatus.QUEUED: "QUEUED",
     dg.DagsterRunStatus.NOT_STARTED: "QUEUED",
@@ -30,6 +36,8 @@ _STATES = {
     dg.DagsterRunStatus.CANCELED: "CANCELED",
 }
 MAX_REMEMBERED = 2000
+ALERT_TAG_PREFIX = "tp/alert/"
+TAG_VALUE_CHARS = 250  # what the run page shows of a tag; the full text is in the log and the check
 
 
 def is_training_run(run: dg.DagsterRun, home: PlatformHome) -> bool:
@@ -70,30 +78,66 @@ def dagster_run_records(instance: dg.DagsterInstance, home: PlatformHome, limit:
     return records
 
 
-def alerts_now(records: list[RunRecord], alerts: AlertsResource, now: float) -> list[Alert]:
+def team_spend(home: PlatformHome, now: float, hours: int) -> list[tuple[str, float, float]]:
+    """(team, epoch seconds, dollars) of the ledger's records of the trailing window."""
+    since = datetime.fromtimestamp(now - (hours + 1) * 3600, tz=UTC)
+    return [
+        (r["team"], datetime.fromisoformat(r["at"]).timestamp(), float(r["total_usd"]))
+        for r in CostLedger(home.root / "cost").records(since=since)
+    ]
+
+
+def alerts_now(records: list[RunRecord], alerts: AlertsResource, now: float, spend=()) -> list[Alert]:
     thresholds = alerts.thresholds()
-    found = evaluate_fleet(records, thresholds, now)
     latest = latest_per_run(records)
+    found = evaluate_live(latest, thresholds, now, spend)
     for record in latest:
         if record.status == "SUCCEEDED":
             found += [a for a in evaluate_run(record, latest, thresholds, now).values() if a is not None]
     return found
 
 
+def show_in_ui(instance: dg.DagsterInstance, alert: Alert, records: list[RunRecord]) -> None:
+    """A run's alert as a tag on its Dagster run, and (for the run's own rules) a failed asset check."""
+    record = next((r for r in records if r.run_id == alert.run_id), None)
+    if record is None or alert.period:  # team rules belong to no single run
+        return
+    dagster_run_id = record.extra.get("dagster_run_id")
+    if dagster_run_id:
+        instance.add_run_tags(dagster_run_id, {f"{ALERT_TAG_PREFIX}{alert.rule}": alert.text()[:TAG_VALUE_CHARS]})
+    if alert.rule in RUN_RULES and not record.finished:  # a finished run's checks ran with it
+        instance.report_runless_asset_event(
+            dg.AssetCheckEvaluation(
+                asset_key=TRAINING_ASSET,
+                check_name=alert.rule,
+                passed=False,
+                severity=dg.AssetCheckSeverity.ERROR if alert.severity == "ERROR" else dg.AssetCheckSeverity.WARN,
+                description=alert.text(),
+                metadata={"value": alert.value, "threshold": alert.threshold, "live": True},
+                partition=alert.run_id,
+            )
+        )
+
+
 @dg.sensor(
     name="alert_sensor",
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Delivers platform alerts (idle devices, data stalls, stuck queues, failures, cost spikes) "
-    "to the log and, when configured, Slack.",
+    description="Delivers platform alerts while they matter (idle devices, stuck queues, a team's failures or "
+    "spend spike) and the checks of finished runs, to the log, the webhook, run tags and asset checks.",
 )
 def alert_sensor(context: dg.SensorEvaluationContext, platform: PlatformResource, alerts: AlertsResource):
-    records = dagster_run_records(context.instance, platform.paths())
-    found = alerts_now(records, alerts, time.time())
+    home = platform.paths()
+    now = time.time()
+    records = dagster_run_records(context.instance, home)
+    found = alerts_now(records, alerts, now, team_spend(home, now, alerts.spend_trailing_hours))
     delivered = json.loads(context.cursor) if context.cursor else []
-    fresh = [a for a in found if f"{a.rule}:{a.run_id}" not in set(delivered)]
+    already = set(delivered)
+    fresh = list({a.key: a for a in found if a.key not in already}.values())
     problems = alerts.deliver(fresh, context.log)
-    delivered = (delivered + [f"{a.rule}:{a.run_id}" for a in fresh])[-MAX_REMEMBERED:]
+    for alert in fresh:
+        show_in_ui(context.instance, alert, records)
+    delivered = (delivered + [a.key for a in fresh])[-MAX_REMEMBERED:]
     context.update_cursor(json.dumps(delivered))
     summary = f"{len(fresh)} new alert(s) of {len(found)} firing over {len(records)} training run(s)"
     return dg.SkipReason(summary + (f"; {len(problems)} delivery problem(s)" if problems else ""))

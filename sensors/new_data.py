@@ -6,10 +6,11 @@ import json
 
 import dagster as dg
 
-from assets.datasets import DAILY_SOURCE, daily_snapshots, landing_for, snapshot_run_config
+from assets.datasets import DAILY_SOURCE, daily_snapshots, landing_for
 from assets.jobs import snapshot_job
 from resources.platform import PlatformResource
 from training_platform.datasets.daily import list_drops
+from training_platform.submission import snapshot_run_config
 
 
 @dg.sensor(

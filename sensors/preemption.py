@@ -1,5 +1,7 @@
 """The preemption sensor: follows every launched training run and makes sure preempted runs continue.
 
+It also charges attempts that closed without the training asset settling them (cost/charges.py).
+
 Each tick it asks the run's launcher for the job's state, records new preemptions as observations
 on the run's `training_run` partition (when, engine, steps lost, seconds to resume), and, where the
 job is gone, requests a resume run of the same partition (which restores the newest checkpoint).
@@ -7,18 +9,26 @@ Where the engine requeued the job itself (Slurm --requeue, Kueue), it only follo
 """
 
 import json
+import time
+from datetime import UTC, datetime
 
 import dagster as dg
 
-from assets.jobs import training_pipeline
+from assets.jobs import run_asset_keys, training_pipeline
 from resources.launcher import LauncherResource
 from resources.platform import PlatformResource
+from training_platform.cost.accounting import CostLedger
+from training_platform.cost.attempts import attempt_spans
+from training_platform.cost.charges import attempt_key, settle_spans
 from training_platform.errors import PlatformError
 from training_platform.launch import JobHandle, JobState
 from training_platform.paths import PlatformHome
-from training_platform.preemption import PreemptionSummary, Recovery, decide, summarize
+from training_platform.preemption import PreemptionSummary, Recovery, deadline_risk, decide, progress_of, summarize
+from training_platform.requeue import follow_requeued
 from training_platform.runlog import RunEvents
 from training_platform.runs import load_run_spec
+from training_platform.submission import RESUME_TAG
+from training_platform.sweeps.trial import TrialContext
 
 FINAL_STATES = {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value}
 
@@ -32,6 +42,11 @@ def latest_job(events: list[dict]) -> tuple[JobHandle | None, str | None]:
         elif event["kind"] == "job_ended":
             ended = event["state"]
     return handle, ended
+
+
+def _last_dagster_run(events: list[dict]) -> str:
+    """The Dagster run that submitted the run's newest job (the attempt a resume continues)."""
+    return next((e.get("dagster_run_id", "") for e in reversed(events) if e["kind"] == "submitted"), "")
 
 
 def observation(run_id: str, backend: str, interruption) -> dg.AssetObservation:
@@ -60,9 +75,11 @@ def observation(run_id: str, backend: str, interruption) -> dg.AssetObservation:
 def preemption_sensor(context: dg.SensorEvaluationContext, platform: PlatformResource, launcher: LauncherResource):
     home = platform.paths()
     reported: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
+    charged = CostLedger(home.root / "cost").keys()
     for run_dir in sorted(p for p in home.runs.iterdir() if p.is_dir()) if home.runs.is_dir() else []:
         run_id = run_dir.name
         events = RunEvents(run_dir).read()
+        _charge(context, home, run_id, events, charged)
         handle, ended = latest_job(events)
         if handle is None:
             continue
@@ -73,8 +90,23 @@ def preemption_sensor(context: dg.SensorEvaluationContext, platform: PlatformRes
             context.instance.report_runless_asset_event(observation(run_id, handle.backend, interruption))
             reported[run_id] = reported.get(run_id, 0) + 1
         if ended not in FINAL_STATES:
-            yield from _recover(context, home, run_id, handle, launcher, summary)
+            yield from _recover(context, home, run_id, handle, launcher, summary, _last_dagster_run(events))
     context.update_cursor(json.dumps(reported))
+
+
+def _charge(
+    context: dg.SensorEvaluationContext, home: PlatformHome, run_id: str, events: list[dict], charged: set[str]
+) -> None:
+    """Charge attempts closed but not charged: requeues within one job, or an asset process that went down
+    before it settled (the training asset settles after every launch; the ledger keeps each charge once)."""
+    spans = attempt_spans(events)
+    if all(attempt_key(run_id, s.number) in charged for s in spans if s.closed):
+        return
+    try:
+        trial = TrialContext.read(home.run_dir(run_id))
+        settle_spans(home.root, run_id, spans, load_run_spec(home, run_id), trial.sweep if trial else None)
+    except (PlatformError, OSError) as exc:
+        context.log.warning(f"{run_id}: its attempts could not be charged this tick: {exc}")
 
 
 def _recover(
@@ -84,6 +116,7 @@ def _recover(
     handle: JobHandle,
     launcher: LauncherResource,
     summary: PreemptionSummary,
+    attempt: str,
 ):
     try:
         spec = load_run_spec(home, run_id)
@@ -92,7 +125,17 @@ def _recover(
     except PlatformError as exc:
         context.log.warning(f"{run_id}: cannot follow job {handle.job_id}: {exc}")
         return
-    decision = decide(spec, status, summary, engine_keeps_job=getattr(backend, "keeps_preempted_jobs", False))
+    run_dir = home.run_dir(run_id)
+    risk = deadline_risk(spec, progress_of(run_dir, RunEvents(run_dir).read(), time.time()), summary, datetime.now(UTC))
+    decision = decide(spec, status, summary, getattr(backend, "keeps_preempted_jobs", False), risk)
+    if decision.action == Recovery.FOLLOW:
+        try:
+            done = follow_requeued(backend, handle, spec, run_dir, status)
+        except PlatformError as exc:
+            context.log.warning(f"{run_id}: requeued job {handle.job_id} not moved yet: {exc}")
+            done = []
+        for what in done:
+            context.log.warning(f"{run_id}: {what}")
     if decision.action in (Recovery.RESUME, Recovery.RESUME_ON_DEMAND):
         capacity = "ondemand" if decision.action == Recovery.RESUME_ON_DEMAND else None
         config = {"ops": {"training_run": {"config": {"capacity": capacity}}}} if capacity else {}
@@ -101,7 +144,8 @@ def _recover(
             run_key=f"{run_id}:resume:{max(summary.preemptions, 1)}:{handle.job_id}",
             partition_key=run_id,
             run_config=config,
-            tags={"tp/resume_of": run_id, "tp/reason": decision.reason[:200]},
+            tags={RESUME_TAG: attempt, "tp/reason": decision.reason[:200]},
+            asset_selection=run_asset_keys(spec),
         )
     elif decision.action == Recovery.GIVE_UP:
         context.log.warning(f"{run_id}: not resumed: {decision.reason}")

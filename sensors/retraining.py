@@ -1,14 +1,17 @@
-"""Scheduled retraining: each night, the day's snapshot, then the day's training run, promoted only by the gate.
+"""Training after a snapshot: `tp train` on fresh data, nightly retraining, backfills of days.
 
-Two pieces, so that a training run always starts after its snapshot exists:
+Two pieces, so that a training run always starts after its snapshot exists and passed its expectations:
 
 - `nightly_retraining` (schedule, default 02:00 UTC): registers the run `<spec name>-<day>` (its spec reads
-  the snapshot as of the day), adds the training_runs partition and requests the day's dataset_snapshot.
-- `retraining_sensor`: when a dataset_snapshot partition is materialized by that schedule or by a backfill
-  (from the UI), requests the day's `training_pipeline` run, unless that day is trained already. Snapshots
-  built by the new-data sensor or `tp demo` do not train: they wait for the night.
+  the snapshot as of the day), adds the training_runs partition and requests the day's dataset_snapshot
+  tagged to train that run.
+- `retraining_sensor`: when a dataset_snapshot partition is materialized by a run tagged `tp/then_train`
+  (`tp train`, the schedule) or by a backfill (`tp retrain`, the UI), requests that run, or the backfilled
+  day's run of the spec in the snapshot's config (else of the retrained spec); a day is trained once.
+  Snapshots built by the new-data sensor do not train: they wait for the night.
 
-The model is promoted only through the gate in `registered_model`, like every other run.
+The model is promoted only through the gate in `registered_model`, like every other run. A run takes the
+snapshot run's `tp/serial` tag, so the days of one `tp retrain` train one after the other, in order.
 """
 
 from __future__ import annotations
@@ -21,18 +24,18 @@ from zoneinfo import ZoneInfo
 import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field
 
-from assets.datasets import ASSET_KEY, daily_snapshots, landing_for, snapshot_run_config
-from assets.jobs import snapshot_job, training_pipeline
+from assets.datasets import ASSET_KEY, daily_snapshots, landing_for
+from assets.jobs import run_asset_keys, snapshot_job, training_pipeline
 from assets.partitions import training_runs
 from resources.platform import PlatformResource
 from training_platform.datasets.daily import is_dated_source, list_drops
+from training_platform.errors import PlatformError
 from training_platform.retraining import register_day_run
+from training_platform.runs import load_run_spec, register_submitted, spec_from_json, spec_tags
 from training_platform.spec import TrainSpec, load_spec
+from training_platform.submission import BACKFILL_TAG, SERIAL_TAG, THEN_TRAIN_TAG, snapshot_run_config
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-RETRAIN_TAG = "tp/retrain_run"
-"""Set on the schedule's snapshot runs: the training run to start once the snapshot exists."""
-BACKFILL_TAG = "dagster/backfill"
 
 
 class RetrainingConfig(BaseModel):
@@ -90,7 +93,7 @@ def build_retraining_schedule(settings: RetrainingConfig) -> dg.ScheduleDefiniti
             run_key=run_id,
             partition_key=day.isoformat(),
             run_config=snapshot_run_config(spec.dataset.source),
-            tags={RETRAIN_TAG: run_id, "team": spec.team},
+            tags={THEN_TRAIN_TAG: run_id, **spec_tags(spec)},
         )
 
     return nightly_retraining
@@ -102,10 +105,11 @@ nightly_retraining = build_retraining_schedule(RETRAINING)
 @dg.sensor(
     name="retraining_sensor",
     job=training_pipeline,
-    minimum_interval_seconds=30,
+    minimum_interval_seconds=5,  # `tp train` waits on it; a tick is one indexed query when nothing is new
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Starts the day's training run once its dataset_snapshot is built by the nightly schedule or a "
-    "backfill (so backfilling days of snapshots rebuilds their models); a day is trained once.",
+    description="Starts a training run once its dataset_snapshot passes its expectations: the run a snapshot "
+    "was tagged to train (tp train, the nightly schedule), or each backfilled day's run (tp retrain, the UI); "
+    "a day is trained once.",
 )
 def retraining_sensor(context: dg.SensorEvaluationContext, platform: PlatformResource):
     instance = context.instance
@@ -115,43 +119,69 @@ def retraining_sensor(context: dg.SensorEvaluationContext, platform: PlatformRes
     ).records
     if not records:
         return dg.SensorResult(skip_reason="no new dataset_snapshot materializations", cursor=context.cursor)
-    spec = RETRAINING.spec()
     home = platform.paths()
     known = set(instance.get_dynamic_partitions(training_runs.name))
     trained = instance.get_materialized_partitions(dg.AssetKey("training_run"))
     requests: list[dg.RunRequest] = []
     added: list[str] = []
+    cursor = context.cursor
     for record in records:
         materialization = record.asset_materialization
-        metadata = materialization.metadata if materialization else {}
         run = instance.get_run_by_id(record.run_id)
-        tags = run.tags if run else {}
-        if not materialization or not materialization.partition or not _trains(tags, metadata, spec):
+        if run is not None and not run.is_finished:
+            break  # its expectations still run, or it is being cancelled: decided at a later tick
+        cursor = str(record.storage_id)
+        if not materialization or not materialization.partition or run is None:
             continue
-        run_id = tags.get(RETRAIN_TAG) or register_day_run(home, spec, date.fromisoformat(materialization.partition))
+        if run.status != dg.DagsterRunStatus.SUCCESS:
+            continue  # a failed suite, or a cancelled run, trains nothing
+        try:
+            planned = _planned_run(home, run, materialization)
+        except PlatformError as exc:
+            context.log.warning(f"snapshot run {run.run_id}: not training: {exc}")
+            continue
+        if planned is None:
+            continue
+        run_id, spec = planned
         if run_id in trained or any(request.partition_key == run_id for request in requests):
             continue
         if run_id not in known:
             known.add(run_id)
             added.append(run_id)
+        serial = {SERIAL_TAG: run.tags[SERIAL_TAG]} if SERIAL_TAG in run.tags else {}
         requests.append(
             dg.RunRequest(
-                run_key=run_id,  # one training run per day from this sensor, however often the day is rebuilt
+                run_key=run_id,  # one training run per planned run, however often its snapshot is rebuilt
                 partition_key=run_id,
-                tags={"team": spec.team, "tp/snapshot_day": materialization.partition},
+                tags={**spec_tags(spec), "tp/snapshot_day": materialization.partition, **serial},
+                asset_selection=run_asset_keys(spec),
             )
         )
     return dg.SensorResult(
         run_requests=requests,
         dynamic_partitions_requests=[training_runs.build_add_request(added)] if added else [],
-        cursor=str(records[-1].storage_id),
+        cursor=cursor,
     )
 
 
-def _trains(tags: dict, metadata: dict, spec: TrainSpec) -> bool:
-    """Only the schedule's and backfills' snapshots of the retrained source, and only if they passed the suite."""
-    if RETRAIN_TAG not in tags and BACKFILL_TAG not in tags:
-        return False
-    source = metadata.get("source")
-    passed = metadata.get("expectations_passed")
-    return (source is None or source.value == spec.dataset.source) and (passed is None or bool(passed.value))
+def _planned_run(home, run: dg.DagsterRun, materialization: dg.AssetMaterialization) -> tuple[str, TrainSpec] | None:
+    """The run (id, spec) a snapshot materialization starts, registered; None when it starts none.
+
+    Only a snapshot that passed its expectations, of the source the spec trains on, starts a run.
+    """
+    config = ((run.run_config or {}).get("ops", {}).get("dataset_snapshot") or {}).get("config", {})
+    if THEN_TRAIN_TAG in run.tags:
+        run_id = run.tags[THEN_TRAIN_TAG]
+        spec = register_submitted(home, run_id, config["spec"]) if config.get("spec") else load_run_spec(home, run_id)
+    elif BACKFILL_TAG in run.tags:
+        base = spec_from_json(config["spec"], "backfill config: spec") if config.get("spec") else RETRAINING.spec()
+        day = date.fromisoformat(materialization.partition)
+        run_id = register_day_run(home, base, day)
+        spec = load_run_spec(home, run_id)
+    else:
+        return None
+    metadata = materialization.metadata
+    source, passed = metadata.get("source"), metadata.get("expectations_passed")
+    if (source is not None and source.value != spec.dataset.source) or (passed is not None and not passed.value):
+        return None
+    return run_id, spec

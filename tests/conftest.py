@@ -1,10 +1,35 @@
 """Shared test configuration: each real service has its own fixture module."""
 
-pytest_plugins = ["tests.fixtures.s3", "tests.fixtures.slurm"]
+import gc
+import os
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["tests.fixtures.s3", "tests.fixtures.signing", "tests.fixtures.slurm", "tests.fixtures.platform"]
 
 
 def pytest_configure(config) -> None:
-    # Dagster runs in this process too (materialize): the same reason as for `tp` (cli.py).
+    # Dagster runs in this process too (materialize), and the platform servers the tests start inherit its
+    # signal dispositions: the same reasons as for `tp` (cli.py).
     from training_platform.cli import keep_stop_signals_deliverable
 
     keep_stop_signals_deliverable()
+    # Every spec must name a declared team (training_platform/teams.py): the tests' teams, whatever
+    # the developer's own TP_TEAMS says. A test of the teams file itself sets or removes it.
+    os.environ["TP_TEAMS"] = str(Path(__file__).parent / "fixtures" / "teams.yaml")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_stale_dagster_state():
+    """Each test module starts with no current Dagster state storage.
+
+    An instance entered twice (a test's `with` instance, then a schedule or sensor context built on it)
+    leaves its storage current after it is disposed, and every later materialize() or validate_loadable()
+    in this process then fails with "Attempted to resolve undefined DagsterInstance weakref".
+    """
+    from dagster._core.storage.defs_state.base import set_defs_state_storage
+
+    gc.collect()  # contexts left open are finalized now, not in the middle of the next module
+    with set_defs_state_storage(None):
+        yield

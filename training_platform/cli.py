@@ -1,4 +1,9 @@
-"""`tp`: the platform's command line. It composes everything, so it alone may import Dagster.
+"""`tp`: the platform's command line, a client of the platform server (Dagster's GraphQL API).
+
+`tp train`, `tp sweep`, `tp retrain`, `tp reproduce` and `tp resume` validate locally (a bad spec or an
+exhausted budget exits 2 with nothing submitted), submit to the server's queue and follow the run
+until it ends; nothing trains in this process, and Ctrl-C only stops following. The server of the
+platform home is started in the background when it is not running (`tp server`).
 
 Every command that takes `--json` ends its output with one JSON object on the last line.
 Errors a user can act on print one line and exit non-zero (2 for bad input), without a traceback.
@@ -8,50 +13,59 @@ from __future__ import annotations
 
 import getpass
 import json
-import logging
 import os
-import re
 import signal
 import sys
-import threading
 import time
-import warnings
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from training_platform.attempts import latest_record
-from training_platform.cost import check_budget, estimate_run_usd
+from training_platform import runs_cli
+from training_platform.cli_common import JsonFlag, client, console, emit, fail, follow_run, home, say
+from training_platform.client import SERVER_URL_ENV
+from training_platform.client.retrain import follow_retrain, launch_retrain
+from training_platform.client.runs import submit_snapshot, submit_training, summary, wait_for
+from training_platform.client.sweeps import follow_sweep, submit_sweep
+from training_platform.cost import check_budget, check_run_budget, estimate_run
+from training_platform.cost.budgets import sweep_estimate_usd
 from training_platform.cost.commands import cost_app
+from training_platform.cost.windows import CostWindow
 from training_platform.errors import PlatformError, SpecError
 from training_platform.launch import RunRequest
-from training_platform.launch.local import LOG_FILE
 from training_platform.launch.registry import launcher_for
-from training_platform.paths import PlatformHome
-from training_platform.preflight import check_snapshot, preflight
-from training_platform.runs import register_run
+from training_platform.lifecycle import commands as lifecycle_commands
+from training_platform.paths import PROJECT_ROOT, PlatformHome
+from training_platform.preflight import preflight
+from training_platform.redaction import redact
+from training_platform.retraining import days_between
+from training_platform.run_windows import RunWindowQueue, run_window, waits_for_window
+from training_platform.runs import new_run_id, spec_tags
+from training_platform.server_cli import server_app
 from training_platform.spec import BACKENDS, TrainSpec, load_spec, parse_spec
+from training_platform.sweeps import load_sweep
+from training_platform.team_policy import resolve_team
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEMO_SPEC = PROJECT_ROOT / "examples" / "digits.yaml"
+RETRAIN_SPEC = PROJECT_ROOT / "examples" / "digits-daily.yaml"
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train, track and reproduce models.")
-console = Console(stderr=True)
-JsonFlag = Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")]
 app.add_typer(cost_app, name="cost")
+app.add_typer(server_app, name="server")
+for command in (runs_cli.runs, runs_cli.logs, runs_cli.cancel, runs_cli.resume, runs_cli.reproduce):
+    app.command()(command)
+app.command("gc")(lifecycle_commands.gc)
 
 
 def keep_stop_signals_deliverable() -> None:
     """Undo SIGINT/SIGTERM being ignored, as a script's background job starts with SIGINT ignored.
 
-    Dagster's in-process execution installs its SIGINT handler on SIGTERM too, so an ignored
-    SIGINT becomes an ignored SIGTERM, which every process started afterwards inherits: the
-    `tail`s Dagster mirrors compute logs with then outlive their run (Dagster stops them with
-    SIGTERM) and hold this process's stdout open; a `tp sweep` under pytest was waited on for good.
+    Every process `tp` starts inherits an ignored signal: the platform server's processes would then
+    outlive `tp server stop`. (Dagster's in-process execution, as tests use it, also installs its
+    SIGINT handler on SIGTERM, turning an ignored SIGINT into an ignored SIGTERM.)
     """
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -64,249 +78,231 @@ def _startup() -> None:
     keep_stop_signals_deliverable()
 
 
-def _emit(summary: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(summary, default=str))
-        return
-    table = Table(show_header=False, box=None)
-    table.add_column(style="bold")
-    table.add_column(overflow="fold")
-    for key, value in summary.items():
-        if key != "checkpoints":
-            table.add_row(key, str(value))
-    console.print(table)
-
-
-def _fail(exc: PlatformError, as_json: bool) -> None:
-    message = str(exc).strip()
-    if as_json:
-        print(json.dumps({"status": "REFUSED" if exc.exit_code == 2 else "FAILED", "error": message}))
-    for line in message.splitlines():
-        console.print(f"[red]error:[/red] {line}", highlight=False)
-    raise typer.Exit(exc.exit_code)
-
-
-def _home() -> PlatformHome:
-    home = PlatformHome.from_env().ensure()
-    os.environ.setdefault("TP_HOME", str(home.root))
-    os.environ.setdefault("DAGSTER_HOME", str(home.dagster_home))
-    instance_config = Path(os.environ["DAGSTER_HOME"]) / "dagster.yaml"
-    if not instance_config.exists():
-        instance_config.parent.mkdir(parents=True, exist_ok=True)
-        instance_config.write_text("telemetry:\n  enabled: false\n")
-    return home
-
-
-# ----- the pipeline through Dagster ----------------------------------------------------------
-def _quiet_libraries() -> None:
-    """Keep the CLI's output to what the user asked for; details stay in the Dagster and MLflow logs."""
-    import dagster as dg
-    import mlflow  # noqa: F401 - imported first: mlflow sets its own log levels on import
-
-    warnings.filterwarnings("ignore", category=dg.BetaWarning)
-    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    logging.getLogger("mlflow.utils.requirements_utils").setLevel(logging.ERROR)
-    logging.getLogger("torch._export").setLevel(logging.ERROR)
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-
-
-def _materialize(selection: list[str], partition_key: str | None = None, ops: dict | None = None):
-    import dagster as dg
-
-    _quiet_libraries()
-
-    from assets import ALL_ASSETS, ALL_CHECKS
-    from definitions import defs
-
-    return dg.materialize(
-        [*ALL_ASSETS, *ALL_CHECKS],
-        selection=selection,
-        partition_key=partition_key,
-        instance=dg.DagsterInstance.get(),
-        resources=defs.resources,
-        raise_on_error=False,
-        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}} | (ops or {}),
-        tags={"team": "", "launched_by": "tp"},
-    )
-
-
-def _materialize_snapshot(source: str, day: str | None = None):
-    """Build the `day` (default today, UTC) partition of dataset_snapshot from `source`; raise if it fails."""
-    from assets.datasets import snapshot_run_config, today_partition
-
-    day = day or today_partition()
-    result = _run_with_progress(
-        f"dataset snapshot {day} + expectations",
-        lambda: _materialize(["dataset_snapshot"], partition_key=day, ops=snapshot_run_config(source)),
-    )
-    if not result.success:
-        raise PlatformError(f"dataset snapshot {day} failed: {_failure_message(result)}")
-    return result
-
-
-def _failure_message(result) -> str:
-    for event in result.all_events:
-        if event.is_step_failure:
-            error = event.step_failure_data.error
-            cause = error.cause.message if error and error.cause else ""
-            return f"{event.step_key}: {(error.message if error else 'failed').strip()} {cause.strip()}".strip()
-    for check in result.get_asset_check_evaluations():
-        if not check.passed:
-            return f"check {check.check_name} failed: {check.description}"
-    return "the Dagster run failed; open the UI (make ui) for its logs"
-
-
-def _run_with_progress(label: str, work, progress_source: Path | None = None, total: int | None = None):
-    """Run `work()` in a thread; show a progress bar fed by the worker's log (rich on a terminal)."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = work()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    started = time.monotonic()
-    thread.start()
-    if not console.is_terminal:
-        console.print(f"{label} ...", highlight=False)
-        thread.join()
-        console.print(f"{label}: done in {time.monotonic() - started:.1f} s", highlight=False)
-        return _unbox(box)
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    ) as progress:
-        task = progress.add_task(label, total=total)
-        while thread.is_alive():
-            thread.join(0.5)
-            if progress_source is not None and progress_source.is_file():
-                steps = re.findall(r"^step (\d+):", progress_source.read_text(errors="replace"), re.M)
-                if steps:
-                    progress.update(task, completed=int(steps[-1]))
-        progress.update(task, completed=total or 1, total=total or 1)
-    return _unbox(box)
-
-
-def _unbox(box: dict[str, Any]):
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
-
-
-def run_pipeline(spec: TrainSpec, home: PlatformHome) -> dict[str, Any]:
-    """Snapshot (if the spec builds from a source), then train, checkpoint, evaluate and register."""
-    import dagster as dg
-
-    if spec.dataset.snapshot_id is None:
-        _materialize_snapshot(spec.dataset.source, spec.dataset.as_of and spec.dataset.as_of.isoformat())
-    run_id = register_run(home, spec)
-    dg.DagsterInstance.get().add_dynamic_partitions("training_runs", [run_id])
-    # A user's own script trains its own model: the template-based evaluation and registry do not apply.
-    evaluates = spec.entrypoint is None
-    selection = ["training_run", "checkpoints"] + (["evaluated_model", "registered_model"] if evaluates else [])
-    result = _run_with_progress(
-        f"training {run_id}",
-        lambda: _materialize(selection, partition_key=run_id),
-        progress_source=home.run_dir(run_id) / LOG_FILE,
-        total=spec.training.max_steps,
-    )
-    if not result.success:
-        return {
-            "run_id": run_id,
-            "status": "FAILED",
-            "error": _failure_message(result),
-            "dagster_run_id": result.run_id,
-        }
-    trained = result.asset_value("training_run")
-    summary = {
-        "run_id": run_id,
-        "status": trained["status"],
-        "final_step": trained["final_step"],
-        "final_weights_sha256": trained["final_weights_sha256"],
-        "checkpoints": trained["checkpoints"],
-        "mlflow_run_id": trained["mlflow_run_id"],
-        "snapshot_id": trained["snapshot_id"],
-        "tracking_uri": trained["tracking_uri"],
-        "dagster_run_id": result.run_id,
-    }
-    if evaluates:
-        evaluated = result.asset_value("evaluated_model")
-        registered = result.asset_value("registered_model")
-        summary |= {
-            "test_accuracy": round(evaluated["test_accuracy"], 4),
-            "model_name": registered["model_name"],
-            "model_version": registered["model_version"],
-            "promoted": registered["promoted"],
-        }
-    return summary
-
-
-def _validated(spec: TrainSpec, home: PlatformHome, launcher: str | None) -> TrainSpec:
+def _validated(spec: TrainSpec, platform_home: PlatformHome, launcher: str | None) -> TrainSpec:
     if launcher is not None:
         if launcher not in BACKENDS:
             raise SpecError(f"--launcher: unknown backend {launcher!r}; use one of: {', '.join(BACKENDS)}")
         spec = parse_spec({**spec.model_dump(mode="json"), "backend": launcher}, source="--launcher")
-    store_uri = spec.checkpoint.store_uri or str(home.checkpoints)
-    preflight(spec, home, store_uri)
-    launcher = launcher_for(spec.backend)
-    launcher.check(launcher.plan(RunRequest(spec=spec, run_id="preflight", run_dir=home.runs / ".preflight")))
+    store_uri = spec.checkpoint.store_uri or str(platform_home.checkpoints)
+    spec = preflight(spec, platform_home, store_uri)
+    backend = launcher_for(spec.backend)
+    backend.check(backend.plan(RunRequest(spec=spec, run_id="preflight", run_dir=platform_home.runs / ".preflight")))
     return spec
 
 
-# ----- commands ------------------------------------------------------------------------------
+# ----- training runs -------------------------------------------------------------------------
+def run_training(
+    spec: TrainSpec, platform_home: PlatformHome, detach: bool, as_json: bool, now: bool = False
+) -> dict[str, Any]:
+    """Check the budget, submit the run to the server's queue (or to its cost window), follow it to its end
+    (unless detached)."""
+    check_run_budget(spec, platform_home.root)  # refused before anything is queued (the asset checks again)
+    platform = client(platform_home)
+    window = run_window(spec)
+    if not now and waits_for_window(window, datetime.now(UTC)):
+        return wait_for_window(platform, platform_home, spec, window)
+    submission = submit_training(platform, spec, new_run_id(spec))
+    run_id = submission.run_id
+    first = "its snapshot" if submission.snapshot_first else "it"
+    say(f"run {run_id} queued ({first} first) on {platform.url}, team {spec.team}")
+    if detach:
+        say(f"  follow it: tp logs {run_id} -f   list runs: tp runs   cancel it: tp cancel {run_id}")
+        return {"run_id": run_id, "status": "QUEUED", "dagster_run_id": submission.dagster_run_id}
+    final = follow_run(platform, run_id, submission.dagster_run_id, as_json, spec.preemption.retry_failures)
+    return summary(platform, run_id, final) | {"server_url": platform.url}
+
+
+def wait_for_window(platform, platform_home: PlatformHome, spec: TrainSpec, window: CostWindow) -> dict[str, Any]:
+    run_id = new_run_id(spec)
+    platform.add_partition(run_id)
+    RunWindowQueue(platform_home.root).enqueue(run_id, spec, spec_tags(spec), window)
+    say(
+        f"run {run_id} waits for its cost window from {window.start:%Y-%m-%d %H:%M} UTC (cost.deadline "
+        f"{spec.cost.deadline:%Y-%m-%d %H:%M}; saves ${window.saving:.2f} of ${window.cost_if_now:.2f} against now); "
+        "the hourly run_window_schedule submits it. `tp train --now` starts it at once"
+    )
+    return {"run_id": run_id, "status": "QUEUED", "window": window.as_dict()}
+
+
+def _finish(result: dict[str, Any], as_json: bool, hidden: tuple[str, ...] = ("checkpoints",)) -> None:
+    emit(result, as_json, hidden)
+    if result["status"] not in ("SUCCEEDED", "PRUNED", "QUEUED"):
+        if not as_json:
+            console.print(f"[red]error:[/red] {result.get('error')}", highlight=False)
+        raise typer.Exit(1)
+
+
 @app.command()
 def train(
     spec_path: Annotated[Path, typer.Argument(help="YAML spec of the run (see examples/)")],
     launcher: Annotated[str | None, typer.Option("--launcher", help="local, slurm or k8s (overrides the spec)")] = None,
+    detach: Annotated[bool, typer.Option("--detach", help="print the run id and return; the run goes on")] = False,
+    now: Annotated[bool, typer.Option("--now", help="start now though cost.deadline leaves a cheaper window")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run one training run through Dagster (lineage recorded) and wait for it."""
+    """Submit a training run to the platform's queue and follow it (Ctrl-C detaches; the run goes on).
+    A spec with cost.deadline waits for its cheapest window before the deadline, unless --now."""
     try:
-        home = _home()
-        spec = _validated(load_spec(spec_path), home, launcher)
-        check_budget(home.root, spec.team, estimate_run_usd(spec))  # refused before anything is queued
-        summary = run_pipeline(spec, home)
+        platform_home = home()
+        spec = _validated(load_spec(spec_path), platform_home, launcher)
+        result = run_training(spec, platform_home, detach, as_json, now)
     except PlatformError as exc:
-        _fail(exc, as_json)
-    _emit(summary, as_json)
-    if summary["status"] != "SUCCEEDED":
-        console.print(f"[red]error:[/red] {summary.get('error')}", highlight=False)
-        raise typer.Exit(1)
+        fail(exc, as_json)
+    _finish(result, as_json)
 
 
 @app.command()
 def demo(as_json: JsonFlag = False) -> None:
-    """Run the whole pipeline on the embedded default: snapshot, train (2 processes), evaluate, register."""
+    """The whole pipeline on the embedded default: snapshot, train (2 processes), evaluate, register."""
     started = time.monotonic()
     try:
-        home = _home()
+        platform_home = home()
         spec = load_spec(DEMO_SPEC)
         spec = parse_spec({**spec.model_dump(mode="json"), "owner": getpass.getuser()}, source=str(DEMO_SPEC))
-        summary = run_pipeline(_validated(spec, home, None), home)
+        result = run_training(_validated(spec, platform_home, None), platform_home, False, as_json)
     except PlatformError as exc:
-        _fail(exc, as_json)
-    summary["demo_seconds"] = round(time.monotonic() - started, 1)
-    _emit(summary, as_json)
+        fail(exc, as_json)
+    result["demo_seconds"] = round(time.monotonic() - started, 1)
     if not as_json:
         experiment = f"{spec.team}/{spec.name}"
-        console.print(
+        say(
             "\n[bold]Where to look[/bold]\n"
-            "  make ui       starts the Dagster UI (http://127.0.0.1:3000: Assets -> Global asset lineage)\n"
-            "                and the MLflow UI (http://127.0.0.1:5000)\n"
-            f"  MLflow run    {summary.get('mlflow_run_id')} in experiment {experiment}\n"
-            f"  Model         {summary.get('model_name')} v{summary.get('model_version')}\n"
-            f"  Data          {home.root}",
-            highlight=False,
+            f"  Dagster UI    {result.get('server_url')} (Assets -> Global asset lineage; Runs)\n"
+            "  MLflow UI     make ui (http://127.0.0.1:5000)\n"
+            f"  MLflow run    {result.get('mlflow_run_id')} in experiment {experiment}\n"
+            f"  Model         {result.get('model_name')} v{result.get('model_version')}\n"
+            f"  Data          {platform_home.root}"
         )
-    if summary["status"] != "SUCCEEDED":
+    _finish(result, as_json)
+
+
+# ----- sweeps --------------------------------------------------------------------------------
+@app.command()
+def sweep(
+    sweep_path: Annotated[Path, typer.Argument(help="YAML sweep (see examples/*sweep*.yaml)")],
+    now: Annotated[bool, typer.Option("--now", help="start now even when a deadline leaves a cheaper window")] = False,
+    detach: Annotated[bool, typer.Option("--detach", help="print the sweep's name and return; it goes on")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Submit a sweep (its trials are queued training runs), or queue it for its cost window, and follow it."""
+    try:
+        platform_home = home()
+        spec = load_sweep(sweep_path)
+        _validated(spec.base_spec, platform_home, None)
+        check_budget(platform_home.root, spec.team, sweep_estimate_usd(spec, platform_home.root))  # nothing queued
+        platform = client(platform_home)
+        _await_snapshot(platform, spec.base_spec)
+        dagster_run_id = submit_sweep(platform, spec, now)
+        say(f"sweep {spec.name} submitted on {platform.url}, team {spec.team}")
+        if detach:
+            emit({"sweep": spec.name, "status": "SUBMITTED", "dagster_run_id": dagster_run_id}, as_json)
+            return
+        result = _follow_sweep(platform, spec.name, dagster_run_id)
+    except PlatformError as exc:
+        fail(exc, as_json)
+    _finish(result, as_json, hidden=("trial_table", "best_spec"))
+
+
+def _await_snapshot(platform, spec: TrainSpec) -> None:
+    """Build the day's snapshot of the sweep's source first when there is none (every trial pins one)."""
+    snapshot = submit_snapshot(platform, spec, tags=spec_tags(spec))
+    if snapshot is None:
+        return
+    say(f"building the day's snapshot of {spec.dataset.source} first")
+    run = wait_for(platform, snapshot)
+    if run.status != "SUCCESS":
+        raise PlatformError(f"the snapshot of {spec.dataset.source} failed: {platform.failure(snapshot).message}")
+
+
+def _follow_sweep(platform, name: str, dagster_run_id: str) -> dict[str, Any]:
+    shown = ""
+    try:
+        for progress in follow_sweep(platform, name, dagster_run_id):
+            counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(progress.trials.items()))
+            line = f"sweep {name}: {progress.state}" + (f"  trials: {counts}" if counts else "")
+            if line != shown:
+                say(line)
+                shown = line
+    except KeyboardInterrupt:
+        say(f"detached: sweep {name} goes on in the platform server; `tp runs` lists its trials")
+        raise typer.Exit(0) from None
+    if progress.state == "FAILED":
+        return {"sweep": name, "status": "FAILED", "error": progress.error, "dagster_run_id": dagster_run_id}
+    if progress.state == "QUEUED":
+        started = progress.summary or {}
+        return {"sweep": name, "status": "QUEUED", "window_start": started.get("window_start"),
+                "release": "the hourly sweep_window_schedule starts it in its window", "dagster_run_id": dagster_run_id}
+    return (progress.summary or {}) | {"dagster_run_id": dagster_run_id}
+
+
+# ----- retraining ----------------------------------------------------------------------------
+@app.command()
+def retrain(
+    first: Annotated[str, typer.Option("--from", help="first day to rebuild (YYYY-MM-DD)")],
+    last: Annotated[str, typer.Option("--to", help="last day to rebuild (YYYY-MM-DD), included")],
+    spec_path: Annotated[Path, typer.Option("--spec", help="spec retrained each day")] = RETRAIN_SPEC,
+    as_json: JsonFlag = False,
+) -> None:
+    """Backfill days: each day's dataset snapshot, then its run `<spec name>-<day>`; promotion only by the gate."""
+    try:
+        platform_home = home()
+        days = days_between(_day_option(first, "--from"), _day_option(last, "--to"))
+        if not days:
+            raise SpecError(f"--to {last} is before --from {first}; give the first day, then the last")
+        spec = _validated(load_spec(spec_path), platform_home, None)
+        each = estimate_run(spec, platform_home.root)
+        check_budget(platform_home.root, spec.team, each.usd * len(days), basis=f"{len(days)} day(s) x {each.basis}")
+        _seed_empty_landing(spec, platform_home, days)
+        platform = client(platform_home)
+        retraining = launch_retrain(platform, spec, days)
+        if retraining.backfill_id:
+            todo = len(days) - len(retraining.trained_before)
+            say(f"backfill {retraining.backfill_id}: {todo} day(s) on {platform.url}")
+        results = []
+        for line in follow_retrain(platform, spec, retraining):
+            results.append(line)
+            say(_day_line(line))
+    except PlatformError as exc:
+        fail(exc, as_json)
+    except KeyboardInterrupt:
+        say("detached: the backfill goes on in the platform server; `tp runs` lists its days")
+        raise typer.Exit(0) from None
+    failed = [line["day"] for line in results if line["status"] == "FAILED"]
+    if as_json:
+        status = "FAILED" if failed else "SUCCEEDED"
+        print(json.dumps({"status": status, "backfill_id": retraining.backfill_id, "days": results}, default=str))
+    if failed:
         raise typer.Exit(1)
+
+
+def _day_line(line: dict[str, Any]) -> str:
+    if line["status"] == "FAILED":
+        return f"{line['day']}  {line['run_id']}  FAILED: {line['error']}"
+    return (
+        f"{line['day']}  {line['run_id']}  model v{line['model_version']}  "
+        f"{'promoted' if line['promoted'] else 'not promoted'}  lineage {line['lineage_key']}  "
+        f"snapshot {line['snapshot_id'][:12]}" + ("  (trained before)" if line["status"] == "EXISTS" else "")
+    )
+
+
+def _day_option(value: str, option: str) -> date:
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise SpecError(f"{option} {value!r} is not a day; write it as YYYY-MM-DD") from None
+
+
+def _seed_empty_landing(spec: TrainSpec, home: PlatformHome, days: list) -> None:
+    """A fresh checkout has no drops: split the bundled digits into one drop per day asked for (this machine's
+    own platform server reads the same landing directory; a team's server has its own)."""
+    from training_platform.datasets.daily import default_landing, is_dated_source, list_drops, seed_landing
+
+    if os.environ.get(SERVER_URL_ENV):
+        return
+    landing = default_landing(home.root)
+    if is_dated_source(spec.dataset.source) and not list_drops(landing):
+        seed_landing(landing, days[0], len(days))
+        console.print(f"seeded {landing}: scikit-learn digits split into {len(days)} daily drop(s)", highlight=False)
 
 
 @app.command()
@@ -318,7 +314,10 @@ def doctor(
     """Check the environment: Python, torch and devices, MLflow store, Dagster home (--bench: speeds)."""
     import torch
 
-    home = _home()
+    try:
+        platform_home = home()
+    except PlatformError as exc:
+        fail(exc, as_json)
     checks: list[tuple[str, bool, str]] = [
         ("python", sys.version_info >= (3, 11), sys.version.split()[0]),
         ("torch", True, torch.__version__),
@@ -334,14 +333,14 @@ def doctor(
     try:
         from mlflow.tracking import MlflowClient
 
-        MlflowClient(tracking_uri=home.mlflow_tracking_uri).search_experiments(max_results=1)
-        checks.append(("mlflow", True, home.mlflow_tracking_uri))
+        MlflowClient(tracking_uri=platform_home.mlflow_tracking_uri).search_experiments(max_results=1)
+        checks.append(("mlflow", True, redact(platform_home.mlflow_tracking_uri)))
     except Exception as exc:  # noqa: BLE001 - doctor reports any failure as a finding
-        checks.append(("mlflow", False, f"{home.mlflow_tracking_uri}: {exc}"))
-    dagster_home = home.dagster_home
+        checks.append(("mlflow", False, redact(f"{platform_home.mlflow_tracking_uri}: {exc}")))
+    dagster_home = platform_home.dagster_home
     checks.append(("dagster_home", os.access(dagster_home, os.W_OK), str(dagster_home)))
     ok = all(passed for _, passed, _ in checks)
-    bench_results = _doctor_bench(spec_path, home) if bench else None
+    bench_results = _doctor_bench(spec_path, platform_home) if bench else None
     if as_json:
         report = {"ok": ok, "checks": {name: {"ok": p, "detail": d} for name, p, d in checks}}
         print(json.dumps(report | ({"bench": [b.to_dict() for b in bench_results]} if bench_results else {})))
@@ -354,83 +353,13 @@ def doctor(
         raise typer.Exit(1)
 
 
-@app.command()
-def sweep(
-    sweep_path: Annotated[Path, typer.Argument(help="YAML sweep (see examples/*sweep*.yaml)")],
-    now: Annotated[bool, typer.Option("--now", help="start now even when a deadline leaves a cheaper window")] = False,
-    as_json: JsonFlag = False,
-) -> None:
-    """Run a sweep through Dagster (trials are training_run partitions), or queue it for its cost window."""
-    from datetime import UTC, datetime
-
-    from training_platform.sweeps import SweepQueue, load_sweep
-    from training_platform.sweeps.queue import sweep_window, waits_for_window
-
-    try:
-        home = _home()
-        spec = load_sweep(sweep_path)
-        _validated(spec.base_spec, home, None)
-        check_budget(home.root, spec.team, spec.limits.max_usd or 0.0)  # refused before anything is queued
-        window = sweep_window(spec)
-        queued = SweepQueue(home.root).enqueue(spec, window)
-        summary = {"sweep": spec.name, "window": window.as_dict()}
-        if not now and waits_for_window(spec, window, datetime.now(UTC)):
-            _sweep_partition(spec.name)
-            summary |= {"status": "QUEUED", "release": "the hourly sweep_window_schedule starts it in the window"}
-        else:
-            base = spec.base_spec.dataset
-            summary |= _run_sweep_now(queued.sweep.name, base.source if base.snapshot_id is None else None)
-    except PlatformError as exc:
-        _fail(exc, as_json)
-    if not as_json:
-        summary.pop("trial_table", None)
-    _emit(summary, as_json)
-    if summary["status"] not in ("SUCCEEDED", "QUEUED"):
-        raise typer.Exit(1)
-
-
-def _sweep_partition(name: str):
-    import dagster as dg
-
-    instance = dg.DagsterInstance.get()
-    instance.add_dynamic_partitions("sweeps", [name])
-    return instance
-
-
-def _run_sweep_now(name: str, snapshot_source: str | None) -> dict[str, Any]:
-    """Materialize the sweep asset in-process: it runs every trial as a training_run partition."""
-    import dagster as dg
-
-    _quiet_libraries()
-    from assets import SWEEP_ASSETS
-    from definitions import defs
-
-    if snapshot_source:
-        _materialize_snapshot(snapshot_source)
-    instance = _sweep_partition(name)
-    result = _run_with_progress(
-        f"sweep {name}",
-        lambda: dg.materialize(
-            SWEEP_ASSETS,
-            partition_key=name,
-            instance=instance,
-            resources=defs.resources,
-            raise_on_error=False,
-            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-        ),
-    )
-    if not result.success:
-        return {"status": "FAILED", "error": _failure_message(result), "dagster_run_id": result.run_id}
-    return {**result.asset_value("sweep"), "dagster_run_id": result.run_id}
-
-
 def _doctor_bench(spec_path: Path, home: PlatformHome) -> list:
     from training_platform.telemetry.commands import bench
 
     try:
         spec = load_spec(spec_path)
     except PlatformError as exc:
-        _fail(exc, False)
+        fail(exc, False)
     return bench(spec, spec.checkpoint.store_uri or str(home.checkpoints), home.snapshots, console)
 
 
@@ -440,8 +369,8 @@ def _run_records():
 
     from sensors.alerts import dagster_run_records
 
-    home = _home()
-    return lambda: dagster_run_records(dg.DagsterInstance.get(), home)
+    platform_home = home()
+    return lambda: dagster_run_records(dg.DagsterInstance.get(), platform_home)
 
 
 @app.command()
@@ -483,7 +412,7 @@ def plan(
             features, classes = snapshot.num_features, snapshot.num_classes
         result = plan_spec(spec, model_shape(spec, features, classes))
     except PlatformError as exc:
-        _fail(exc, as_json)
+        fail(exc, as_json)
     if as_json:
         print(json.dumps(result))
         return
@@ -517,187 +446,16 @@ def render(
         if launcher is not None:
             spec = parse_spec({**spec.model_dump(mode="json"), "backend": launcher}, source="--launcher")
         home = PlatformHome.from_env()
+        spec = resolve_team(spec, home.root)  # render what would run: the team's, or nothing
         run_id = f"{spec.name}-render"
         plan = launcher_for(spec.backend).plan(RunRequest(spec=spec, run_id=run_id, run_dir=home.run_dir(run_id)))
     except PlatformError as exc:
-        _fail(exc, as_json)
+        fail(exc, as_json)
     if as_json:
-        print(
-            json.dumps(
-                {"backend": plan.backend, "command": plan.command, "resources": plan.resources, "files": plan.files},
-                default=str,
-            )
-        )
+        shown = {"backend": plan.backend, "command": plan.command, "resources": plan.resources, "files": plan.files}
+        print(redact(json.dumps(shown, default=str)))
     else:
-        print(plan.render())
-
-
-@app.command()
-def reproduce(
-    run_id: Annotated[str, typer.Argument(help="the run (training_runs partition) to build again")],
-    as_json: JsonFlag = False,
-) -> None:
-    """Re-run a finished run from its lineage key and report "reproduced exactly" or what differs."""
-    try:
-        home = _home()
-        summary = reproduce_run(run_id, home)
-    except PlatformError as exc:
-        _fail(exc, as_json)
-    _emit(summary, as_json)
-    if not as_json:
-        colour = "green" if summary["passed"] else "red"
-        console.print(f"[{colour}]{summary['summary']}[/{colour}]", highlight=False)
-    if not summary["passed"]:
-        raise typer.Exit(1)
-
-
-def reproduce_run(run_id: str, home: PlatformHome) -> dict[str, Any]:
-    record = latest_record(home.run_dir(run_id))
-    if record is None:
-        raise SpecError(
-            f"run {run_id!r} has no finished attempt to reproduce; list runs under {home.runs} "
-            "(materializing an unfinished run continues it instead)"
-        )
-    original = parse_spec(record["spec"], source=f"run {run_id}")
-    try:
-        check_snapshot(original, home)
-    except SpecError as exc:
-        raise SpecError(f"cannot reproduce {run_id}: the original's {exc}") from None
-    result = _run_with_progress(
-        f"reproducing {run_id}",
-        lambda: _materialize(["training_run"], partition_key=run_id),
-        progress_source=home.run_dir(run_id) / LOG_FILE,
-        total=original.training.max_steps,
-    )
-    if not result.success:
-        raise PlatformError(f"reproduction of {run_id} failed: {_failure_message(result)}")
-    (check,) = [c for c in result.get_asset_check_evaluations() if c.check_name == "reproducibility"]
-    figures = {key: value.value for key, value in check.metadata.items()}
-    return {
-        "run_id": run_id,
-        "passed": check.passed,
-        "reproduced_exactly": figures["exact"],
-        "weights_equal": figures["weights_equal"],
-        "differences": figures["differences"],
-        "reasons_not_exact": figures["reasons_not_exact"],
-        "summary": check.description,
-        "dagster_run_id": result.run_id,
-    }
-
-
-RETRAIN_SPEC = PROJECT_ROOT / "examples" / "digits-daily.yaml"
-
-
-@app.command()
-def retrain(
-    first: Annotated[str, typer.Option("--from", help="first day to rebuild (YYYY-MM-DD)")],
-    last: Annotated[str, typer.Option("--to", help="last day to rebuild (YYYY-MM-DD), included")],
-    spec_path: Annotated[Path, typer.Option("--spec", help="spec retrained each day")] = RETRAIN_SPEC,
-    as_json: JsonFlag = False,
-) -> None:
-    """Backfill days: each day's dataset snapshot, then its run `<spec name>-<day>`; promotion only by the gate."""
-    from training_platform.retraining import days_between
-
-    try:
-        home = _home()
-        days = days_between(_day_option(first, "--from"), _day_option(last, "--to"))
-        if not days:
-            raise SpecError(f"--to {last} is before --from {first}; give the first day, then the last")
-        spec = _validated(load_spec(spec_path), home, None)
-        _seed_empty_landing(spec, home, days)
-    except PlatformError as exc:
-        _fail(exc, as_json)
-    results = []
-    for day in days:
-        results.append(_retrain_day(spec, home, day))
-        line = results[-1]
-        console.print(
-            f"{line['day']}  {line['run_id']}  "
-            + (
-                f"model v{line['model_version']}  {'promoted' if line['promoted'] else 'not promoted'}  "
-                f"lineage {line['lineage_key']}  snapshot {line['snapshot_id'][:12]}"
-                + ("  (trained before)" if line["status"] == "EXISTS" else "")
-                if line["status"] != "FAILED"
-                else f"FAILED: {line['error']}"
-            ),
-            highlight=False,
-            soft_wrap=True,  # one line per day, however narrow the terminal
-        )
-    failed = [line["day"] for line in results if line["status"] == "FAILED"]
-    if as_json:
-        print(json.dumps({"status": "FAILED" if failed else "SUCCEEDED", "days": results}, default=str))
-    if failed:
-        raise typer.Exit(1)
-
-
-def _day_option(value: str, option: str):
-    from datetime import date
-
-    try:
-        return date.fromisoformat(value)
-    except ValueError:
-        raise SpecError(f"{option} {value!r} is not a day; write it as YYYY-MM-DD") from None
-
-
-def _seed_empty_landing(spec: TrainSpec, home: PlatformHome, days: list) -> None:
-    """A fresh checkout has no drops: split the bundled digits into one drop per day asked for."""
-    from training_platform.datasets.daily import default_landing, is_dated_source, list_drops, seed_landing
-
-    landing = default_landing(home.root)
-    if is_dated_source(spec.dataset.source) and not list_drops(landing):
-        seed_landing(landing, days[0], len(days))
-        console.print(f"seeded {landing}: scikit-learn digits split into {len(days)} daily drop(s)", highlight=False)
-
-
-def _retrain_day(spec: TrainSpec, home: PlatformHome, day) -> dict[str, Any]:
-    """One day of a backfill: snapshot as of the day, then the day's run unless it was trained before."""
-    import dagster as dg
-
-    from training_platform.retraining import register_day_run
-
-    run_id = register_day_run(home, spec, day)
-    line: dict[str, Any] = {"day": day.isoformat(), "run_id": run_id}
-    try:
-        _materialize_snapshot(spec.dataset.source, day.isoformat())
-    except PlatformError as exc:
-        return line | {"status": "FAILED", "error": str(exc)}
-    instance = dg.DagsterInstance.get()
-    instance.add_dynamic_partitions("training_runs", [run_id])
-    trained_before = run_id in instance.get_materialized_partitions(dg.AssetKey("training_run"))
-    if not trained_before:
-        result = _run_with_progress(
-            f"training {run_id}",
-            lambda: _materialize(["training_run", "checkpoints", "evaluated_model", "registered_model"], run_id),
-            progress_source=home.run_dir(run_id) / LOG_FILE,
-            total=spec.training.max_steps,
-        )
-        if not result.success:
-            return line | {"status": "FAILED", "error": _failure_message(result), "dagster_run_id": result.run_id}
-    return line | {"status": "EXISTS" if trained_before else "SUCCEEDED"} | _day_models(instance, run_id)
-
-
-def _day_models(instance, run_id: str) -> dict[str, Any]:
-    """The run's model version, gate outcome and lineage key, read back from its materializations."""
-    import dagster as dg
-
-    from training_platform.retraining import lineage_digest
-
-    def metadata(asset: str) -> dict[str, Any]:
-        records = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[run_id]), limit=1
-        ).records
-        return {k: v.value for k, v in records[0].asset_materialization.metadata.items()} if records else {}
-
-    trained, registered = metadata("training_run"), metadata("registered_model")
-    lineage = trained.get("lineage") or {}
-    return {
-        "model_name": registered.get("model_name"),
-        "model_version": registered.get("model_version"),
-        "promoted": registered.get("promoted"),
-        "snapshot_id": lineage.get("snapshot_id", ""),
-        "lineage_key": lineage_digest(lineage),
-        "lineage": lineage,
-    }
+        print(plan.render())  # redacted
 
 
 def main() -> None:  # pragma: no cover - console script entry

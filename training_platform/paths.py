@@ -11,6 +11,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from training_platform.identifiers import check_run_id, contained
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+"""The source checkout: examples/ and deploy/ live here."""
+
 
 @dataclass(frozen=True)
 class PlatformHome:
@@ -45,7 +50,8 @@ class PlatformHome:
         return self.root / "mlartifacts"
 
     def run_dir(self, run_id: str) -> Path:
-        return self.runs / run_id
+        """The run's directory; a run id that is not one plain name under `runs/` is refused (SpecError)."""
+        return contained(self.runs, check_run_id(run_id))
 
     def ensure(self) -> PlatformHome:
         for path in (self.snapshots, self.checkpoints, self.runs, self.dagster_home, self.mlflow_artifacts):

@@ -7,11 +7,14 @@ recovery strategies: each is a named decision with the sequence it tries.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from training_platform.launch.base import JobState, JobStatus
 from training_platform.spec import TrainSpec
+from training_platform.telemetry.records import read_telemetry
 
 
 @dataclass(frozen=True)
@@ -112,16 +115,83 @@ class Decision:
     reason: str
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a run stands, from its live telemetry: the step reached and the rate of its current attempt."""
+
+    step: int
+    steps_per_second: float | None
+    elapsed_s: float
+    """seconds since the run's first attempt started"""
+
+
+def progress_of(run_dir: Path, events: list[dict[str, Any]], now: float) -> Progress | None:
+    """The run's progress from its telemetry file and event log; None before its worker reported."""
+    payload = read_telemetry(run_dir)
+    if not payload:
+        return None
+    started = [e["at"] for e in events if e["kind"] == "started"]
+    return Progress(
+        step=int(payload.get("step") or 0),
+        steps_per_second=payload.get("steps_per_second"),
+        elapsed_s=now - started[0] if started else 0.0,
+    )
+
+
+def deadline_risk(spec: TrainSpec, progress: Progress | None, summary: PreemptionSummary, now: datetime) -> str | None:
+    """Why the run will miss `cost.deadline` at this pace, or None.
+
+    The time it needs is the remaining steps at the measured rate plus what preemptions are expected
+    to cost: as many more as it has had per hour so far, each losing its mean recovery time and the
+    steps it threw away.
+    """
+    deadline = spec.cost.deadline
+    if deadline is None or progress is None or not progress.steps_per_second:
+        return None
+    rate = progress.steps_per_second
+    remaining_s = max(spec.training.max_steps - progress.step, 0) / rate
+    expected_loss_s = 0.0
+    if summary.preemptions and progress.elapsed_s > 0:
+        recoveries = summary.recovery_seconds
+        loss_each = (sum(recoveries) / len(recoveries) if recoveries else 0.0) + (
+            summary.lost_steps / summary.preemptions / rate
+        )
+        expected_loss_s = summary.preemptions / progress.elapsed_s * remaining_s * loss_each
+    left_s = (deadline - now).total_seconds()
+    if remaining_s + expected_loss_s <= left_s:
+        return None
+    return (
+        f"deadline at risk: {remaining_s / 60:.0f} min of training left at {rate:.1f} steps/s plus "
+        f"{expected_loss_s / 60:.0f} min expected preemption losses, {max(left_s, 0) / 60:.0f} min before "
+        f"cost.deadline {deadline:%Y-%m-%d %H:%M %Z}"
+    )
+
+
+def fallback_reason(spec: TrainSpec, preemptions: int, risk: str | None = None) -> str | None:
+    """Why a spot run should move to on-demand capacity now, or None."""
+    if not spec.resources.spot:
+        return None
+    if preemptions >= spec.preemption.fallback_to_ondemand_after:
+        return f"{preemptions} preemptions on spot >= preemption.fallback_to_ondemand_after"
+    return risk
+
+
 def decide(
-    spec: TrainSpec, status: JobStatus, summary: PreemptionSummary, engine_keeps_job: bool = False
+    spec: TrainSpec,
+    status: JobStatus,
+    summary: PreemptionSummary,
+    engine_keeps_job: bool = False,
+    risk: str | None = None,
 ) -> Decision:
     """The failover sequence for a preempted run.
 
     1. The engine requeued the job, or keeps it through a preemption (a Kueue-evicted Job is suspended
        and requeued by Kueue; a Job whose spot node was reclaimed gets new pods): follow it.
     2. The job is gone and fewer than `max_preemptions` happened: resume from the newest checkpoint,
-       on spot while fewer than `fallback_to_ondemand_after` preemptions happened, else on-demand.
+       on spot while fewer than `fallback_to_ondemand_after` preemptions happened and the deadline is
+       not at risk (`risk`, from `deadline_risk`), else on-demand.
     3. Otherwise give up and say why.
+    An engine-kept job moves to on-demand where it waits (LauncherResource, `fallback_reason`).
     Failures that are not preemptions are never retried here (see the run-status sensor).
     """
     policy = spec.preemption
@@ -134,9 +204,6 @@ def decide(
         return Decision(Recovery.NONE, f"job is {status.state.value}")
     if count >= policy.max_preemptions:
         return Decision(Recovery.GIVE_UP, f"{count} preemptions reached preemption.max_preemptions")
-    if spec.resources.spot and count >= policy.fallback_to_ondemand_after:
-        return Decision(
-            Recovery.RESUME_ON_DEMAND,
-            f"{count} preemptions on spot >= preemption.fallback_to_ondemand_after; resuming on on-demand",
-        )
+    if (why := fallback_reason(spec, count, risk)) is not None:
+        return Decision(Recovery.RESUME_ON_DEMAND, f"{why}; resuming on on-demand")
     return Decision(Recovery.RESUME, f"preemption {count}: resuming from the newest checkpoint")

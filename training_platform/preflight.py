@@ -1,15 +1,23 @@
-"""Checks a spec against the environment before anything launches: refuse early, lose nothing."""
+"""Checks a spec against the environment before anything launches: refuse early, lose nothing.
+
+Every entry point (the CLI, the training_run asset, hence the UI, sensors and sweeps) calls `preflight`
+and launches the spec it returns.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import uuid
 from pathlib import Path
+from typing import Any
 
 from training_platform.datasets import load_manifest
 from training_platform.errors import SnapshotError, SpecError
 from training_platform.paths import PlatformHome
+from training_platform.redaction import Redactor
 from training_platform.spec import TrainSpec
+from training_platform.team_policy import resolve_team
+from training_platform.train.spot_notice import check_notice_url
 
 
 def check_snapshot(spec: TrainSpec, home: PlatformHome) -> None:
@@ -54,7 +62,53 @@ def check_entrypoint(spec: TrainSpec) -> None:
         )
 
 
-def preflight(spec: TrainSpec, home: PlatformHome, store_uri: str) -> None:
+def check_no_secrets(spec: TrainSpec) -> None:
+    """A spec is written to run files, ConfigMaps, Dagster config and MLflow: a secret in it is refused."""
+    redactor = Redactor()
+
+    def walk(field: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{field}.{key}" if field else key, value)
+        elif isinstance(node, list):
+            items = [str(item) for item in node]
+            masked = redactor.args(items)
+            for index, (item, hidden) in enumerate(zip(items, masked, strict=True)):
+                if item != hidden:
+                    kind = redactor.first_secret(item) or "the value of a secret-named flag"
+                    _refuse(f"{field}[{index}]", kind)
+        elif isinstance(node, str) and (kind := redactor.first_secret(node)):
+            _refuse(field, kind)
+
+    walk("", spec.model_dump(mode="json"))
+
+
+def _refuse(field: str, kind: str) -> None:
+    raise SpecError(
+        f"{field}: holds a secret ({kind}); do not put secrets in a spec: let the job read it from its "
+        "environment (TP_JOB_ENV names the variables local and Slurm jobs get; on Kubernetes a Secret in "
+        "kubernetes.secret_refs)"
+    )
+
+
+def check_strategy_installed(spec: TrainSpec) -> None:
+    """DeepSpeed is an optional extra: a local run must find it here (other backends: in their image)."""
+    if spec.strategy == "deepspeed" and spec.backend == "local" and importlib.util.find_spec("deepspeed") is None:
+        raise SpecError(
+            "strategy: deepspeed is not installed in this environment; pip install 'training-platform[deepspeed]' "
+            "or use strategy: fsdp"
+        )
+
+
+def preflight(spec: TrainSpec, home: PlatformHome, store_uri: str) -> TrainSpec:
+    """Refuse (SpecError) what cannot or may not run; returns the spec with its team's defaults, to launch."""
+    check_no_secrets(spec)
+    policy = spec.preemption
+    if policy.notice_url and policy.notice_provider != "none":
+        check_notice_url(policy.notice_provider, policy.notice_url)
+    spec = resolve_team(spec, home.root)
     check_snapshot(spec, home)
     check_store_writable(store_uri)
     check_entrypoint(spec)
+    check_strategy_installed(spec)
+    return spec

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 EVENTS_FILE = "events.jsonl"
+MOVED_TO_ON_DEMAND = "moved_to_on_demand"  # a requeued spot job moved to on-demand (requeue.py); priced so after
 
 
 class RunEvents:

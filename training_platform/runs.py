@@ -14,8 +14,22 @@ from training_platform.errors import SpecError
 from training_platform.launch.base import RESULT_FILE
 from training_platform.paths import PlatformHome
 from training_platform.spec import TrainSpec, parse_spec
+from training_platform.submission import OWN_CODE_TAG
 
 SUBMITTED_SPEC = "submitted_spec.json"
+# Dagster's queued run coordinator runs higher `dagster/priority` first (see deploy/dagster/dagster.yaml).
+PRIORITY_TAGS = {"low": "-10", "normal": "0", "high": "10"}
+
+
+def queue_tags(team: str, priority: str, **extra: str) -> dict[str, str]:
+    """Tags that place a run in the Dagster queue: per-team concurrency (`team`) and priority."""
+    return {"team": team, "dagster/priority": PRIORITY_TAGS[priority], **extra}
+
+
+def spec_tags(spec: TrainSpec, **extra: str) -> dict[str, str]:
+    """The queue tags of a run of `spec`, with its owner (and the mark of a user's own script)."""
+    own_code = {OWN_CODE_TAG: "1"} if spec.entrypoint is not None else {}
+    return queue_tags(spec.team, spec.resources.priority, owner=spec.owner, **own_code, **extra)
 
 
 def new_run_id(spec: TrainSpec) -> str:
@@ -29,6 +43,30 @@ def register_run(home: PlatformHome, spec: TrainSpec, run_id: str | None = None)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / SUBMITTED_SPEC).write_text(spec.model_dump_json(indent=2))
     return run_id
+
+
+def register_submitted(home: PlatformHome, run_id: str, spec_json: str) -> TrainSpec:
+    """Register a run submitted with its spec (a server-side `register_run`); a registered run keeps its own."""
+    spec = spec_from_json(spec_json, source=f"run {run_id}'s submitted spec")
+    if not (home.run_dir(run_id) / SUBMITTED_SPEC).is_file():
+        register_run(home, spec, run_id)
+        return spec
+    registered = load_run_spec(home, run_id)
+    if registered != spec:
+        raise SpecError(
+            f"run {run_id!r} was registered with another spec; submit the new spec as a new run "
+            f"(`tp train SPEC` picks a new run id), or `tp resume {run_id}` to continue the registered one"
+        )
+    return registered
+
+
+def spec_from_json(raw: str, source: str) -> TrainSpec:
+    """A spec sent as JSON (run config, a sensor's request), validated like a YAML file."""
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"{source}: not JSON ({exc}); submit runs with `tp train SPEC`") from None
+    return parse_spec(data, source=source)
 
 
 def load_run_spec(home: PlatformHome, run_id: str) -> TrainSpec:

@@ -11,12 +11,13 @@ import hashlib
 import json
 from datetime import date, datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from training_platform.errors import SpecError
+from training_platform.identifiers import K8S_NAME, SLURM_NAME
 from training_platform.train.templates import TEMPLATES as MODEL_TEMPLATES
 
 GPU_TYPES = ("T4", "A10G", "L4", "L40S", "A100-40GB", "A100-80GB", "H100", "H200")
@@ -128,6 +129,19 @@ class ResourceRequest(_Strict):
         return self.nodes * self.procs_per_node
 
 
+class KeepBest(_Strict):
+    """Retention by quality: the `count` checkpoints with the best `metric`."""
+
+    metric: str = Field(
+        ...,
+        min_length=1,
+        description="a metric saved with each checkpoint: the templates save val_loss and val_accuracy; "
+        "your own script, the metrics it passes to session.save",
+    )
+    mode: Literal["min", "max"] = Field("min", description="min when lower is better (a loss), max otherwise")
+    count: int = Field(1, ge=1, le=1000, description="how many of the best checkpoints to keep (>= 1)")
+
+
 class CheckpointSpec(_Strict):
     every_steps: int | Literal["auto"] = Field(
         50,
@@ -144,7 +158,13 @@ class CheckpointSpec(_Strict):
     grace_period_seconds: int = Field(
         60, ge=5, le=3600, description="seconds from SIGTERM (preemption) to kill: emergency checkpoint"
     )
-    keep_last: int = Field(3, ge=1, description="checkpoints to keep (>= 1)")
+    keep_last: int = Field(3, ge=1, description="keep the N checkpoints saved last (>= 1)")
+    keep_best: KeepBest | None = Field(
+        None, description="also keep the best checkpoints by a metric saved with them: {metric, mode, count}"
+    )
+    keep_every_steps: int | None = Field(
+        None, ge=1, description="also keep every checkpoint whose step is a multiple of N (>= 1), e.g. 1000"
+    )
     async_save: bool = Field(
         True, description="write periodic checkpoints in a background process; the loop blocks only for a copy"
     )
@@ -241,11 +261,21 @@ class CostSpec(_Strict):
 class SlurmOptions(_Strict):
     """Slurm-only settings; the launcher derives the rest from `resources`."""
 
+    # Written into #SBATCH lines: one word each, so no value can start a line of its own.
     partition: str | None = Field(
-        None, description="Slurm partition; default: from resources.spot (spot -> 'spot', else 'ondemand')"
+        None,
+        pattern=SLURM_NAME,
+        description="Slurm partition, one of the team's (letters, digits, . _ -); default: from resources.spot "
+        "(spot -> 'spot', else 'ondemand')",
     )
-    qos: str | None = Field(None, description="Slurm QoS; default: from resources.priority (launcher config)")
-    account: str | None = Field(None, description="Slurm account to charge; default: the user's default")
+    qos: str | None = Field(
+        None,
+        pattern=SLURM_NAME,
+        description="Slurm QoS, one of the team's (letters, digits, . _ -); default: from resources.priority",
+    )
+    account: str | None = Field(
+        None, pattern=SLURM_NAME, description="Slurm account to charge (letters, digits, . _ -); default: the team's"
+    )
     time_limit: str = Field(
         "01:00:00", pattern=r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$", description="wall time limit, [D-]HH:MM:SS"
     )
@@ -257,17 +287,25 @@ class KubernetesOptions(_Strict):
     image: str | None = Field(
         None, description="training image; must match the launcher's approved registries; default: launcher's"
     )
-    queue: str | None = Field(None, description="Kueue LocalQueue name; default: '<team>-queue'")
-    namespace: str | None = Field(None, description="namespace to run in; default: the team name")
+    queue: str | None = Field(
+        None, pattern=K8S_NAME, description="Kueue LocalQueue (a DNS label); default and only choice: the team's"
+    )
+    namespace: str | None = Field(
+        None, pattern=K8S_NAME, description="namespace to run in (a DNS label); default and only choice: the team's"
+    )
     placement: Literal["none", "same-rack", "same-block"] = Field(
         "none", description="topology-aware placement of all nodes: none, same-rack or same-block"
     )
     placement_required: bool = Field(
         True, description="true: wait for a domain that fits (required); false: best effort (preferred)"
     )
-    service_account: str | None = Field(None, description="service account of the pods; default: namespace's")
-    secret_refs: tuple[str, ...] = Field(
-        (), description="names of Secrets to expose as environment variables (by reference, never inline)"
+    service_account: str | None = Field(
+        None, pattern=K8S_NAME, description="service account of the pods (a DNS label); default: the team's"
+    )
+    secret_refs: tuple[Annotated[str, Field(pattern=K8S_NAME)], ...] = Field(
+        (),
+        description="names of Secrets (DNS labels) to expose as environment variables, among those the team "
+        "declares (by reference, never inline)",
     )
 
 
@@ -358,7 +396,11 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], source
             message = f"required field is missing; add it ({_describe(model, error['loc'])})"
         else:
             got = error.get("input")
-            description = _describe(model, error["loc"])
+            # An item of a list field is described by its field.
+            loc = tuple(part for part in error["loc"] if not isinstance(part, int))
+            description = _describe(model, loc)
+            if error["type"] == "string_pattern_mismatch":
+                message = "is not allowed (characters or length)"
             if not isinstance(got, dict):
                 message = f"{message} (got {got!r})"
             if description and description not in message:
@@ -370,10 +412,12 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], source
 def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     for part in loc:
         field = model.model_fields.get(str(part))
-        annotation = field.annotation if field else None
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        # An optional section (`keep_best: KeepBest | None`) is described by its model.
+        members = get_args(field.annotation) or (field.annotation,) if field else ()
+        found = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+        if not found:
             return None
-        model = annotation
+        model = found[0]
     return model
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from training_platform.lineage import LineageKey
+from training_platform.redaction import Redactor
 from training_platform.spec import TrainSpec
 
 CHAMPION_ALIAS = "champion"
@@ -24,10 +26,30 @@ REQUIRED_TAGS = (
 )
 
 
+_INITIALIZED: set[str] = set()
+
+
 def _client(tracking_uri: str):
     from mlflow.tracking import MlflowClient
 
+    _initialize_once(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _initialize_once(tracking_uri: str) -> None:
+    """MLflow creates and migrates a SQLite store on first use, and processes doing it at once collide
+    (`table _alembic_tmp_experiments already exists`: several runs starting on a new home). The first
+    process does it under a file lock beside the database; the others find it done."""
+    if tracking_uri in _INITIALIZED or not tracking_uri.startswith("sqlite:///"):
+        return
+    from mlflow.tracking import MlflowClient
+
+    database = Path(tracking_uri.removeprefix("sqlite:///"))
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with database.with_name(f"{database.name}.init-lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
+    _INITIALIZED.add(tracking_uri)
 
 
 def experiment_name(spec: TrainSpec) -> str:
@@ -39,8 +61,15 @@ def ensure_experiment(tracking_uri: str, name: str, artifact_root: Path) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
-    # An explicit artifact location keeps artifacts in the project data directory, not ./mlruns.
-    return client.create_experiment(name, artifact_location=(artifact_root / name.replace("/", "_")).as_uri())
+    from mlflow.exceptions import MlflowException
+
+    try:
+        # An explicit artifact location keeps artifacts in the project data directory, not ./mlruns.
+        return client.create_experiment(name, artifact_location=(artifact_root / name.replace("/", "_")).as_uri())
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return client.get_experiment_by_name(name).experiment_id  # a run starting beside this one created it
 
 
 def run_tags(spec: TrainSpec, lineage: LineageKey, dagster_run_id: str, run_id: str) -> dict[str, str]:
@@ -63,15 +92,19 @@ def run_tags(spec: TrainSpec, lineage: LineageKey, dagster_run_id: str, run_id: 
 
 
 def spec_params(spec: TrainSpec) -> dict[str, str]:
-    """The spec, flattened to MLflow params (the spec holds no secrets by construction)."""
+    """The spec, flattened to MLflow params, with anything secret masked by content (redaction.py):
+    arguments, URLs and the values of this process's secret variables."""
     flat: dict[str, str] = {}
+    redactor = Redactor()
 
     def walk(prefix: str, node: Any) -> None:
         if isinstance(node, dict):
             for key, value in node.items():
                 walk(f"{prefix}.{key}" if prefix else key, value)
+        elif isinstance(node, list):
+            flat[prefix] = str(redactor.args(str(item) for item in node))
         else:
-            flat[prefix] = str(node)
+            flat[prefix] = redactor.text(str(node))
 
     walk("", spec.model_dump(mode="json"))
     return flat

@@ -4,14 +4,13 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from tests.fixtures.platform import ROOT, server_logs
 from tests.fixtures.worker import job_pid, launch, train, wait, wait_for_step
 from training_platform.checkpoints import open_store
 from training_platform.datasets import build_snapshot
@@ -20,8 +19,6 @@ from training_platform.launch.local import LOG_FILE, LocalLauncher
 from training_platform.spec import load_spec
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
-TP = str(Path(sys.executable).with_name("tp"))
 
 FAILING_SCRIPT = """
 import torch
@@ -95,18 +92,9 @@ def test_a_failing_script_reports_its_exception_and_keeps_its_checkpoint(user_di
     assert [m.step for m in open_store(home / "checkpoints").list("byo-fails")] == [20]
 
 
-def test_user_script_through_tp_train_reaches_mlflow_and_dagster(user_dir, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MLFLOW_TRACKING_URI")}
-    env["TP_HOME"] = str(tmp_path)
-    proc = subprocess.run(
-        [TP, "train", str(user_dir / "spec.yaml"), "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_user_script_through_tp_train_reaches_mlflow_and_dagster(user_dir, platform):
+    proc = platform.tp("train", str(user_dir / "spec.yaml"), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:] + server_logs(platform.home)
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["status"] == "SUCCEEDED" and summary["final_step"] == 120
     assert [c["step"] for c in summary["checkpoints"]] == [40, 80, 120]

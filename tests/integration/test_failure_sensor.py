@@ -22,31 +22,34 @@ def home(tmp_path, monkeypatch) -> PlatformHome:
     return PlatformHome.from_env().ensure()
 
 
-def _fail_and_tick(home: PlatformHome, run_id: str, spec, ticks: int) -> list[list[dg.RunRequest]]:
-    """Materialize a run that fails, then evaluate the failure sensor `ticks` times on that failure."""
-    with dg.DagsterInstance.get() as instance:
+def _fail(instance, home: PlatformHome, run_id: str, spec, tags: dict | None = None):
+    """Materialize a run that fails (registered on its first attempt)."""
+    if not (home.run_dir(run_id) / "submitted_spec.json").exists():
         register_run(home, spec, run_id)
         instance.add_dynamic_partitions("training_runs", [run_id])
-        result = dg.materialize(
-            ALL_ASSETS,
-            selection=["training_run"],
-            partition_key=run_id,
-            instance=instance,
-            resources=defs.resources,
-            raise_on_error=False,
-        )
-        assert not result.success
-        outcomes = []
-        for _ in range(ticks):
-            context = dg.build_run_status_sensor_context(
-                sensor_name="training_failure_sensor",
-                dagster_event=result.get_run_failure_event(),
-                dagster_instance=instance,
-                dagster_run=instance.get_run_by_id(result.run_id),
-                resources=defs.resources,
-            ).for_run_failure()
-            outcomes.append([r for r in (training_failure_sensor(context) or []) if isinstance(r, dg.RunRequest)])
-        return outcomes
+    result = dg.materialize(
+        ALL_ASSETS,
+        selection=["training_run"],
+        partition_key=run_id,
+        instance=instance,
+        resources=defs.resources,
+        raise_on_error=False,
+        tags=tags or {},
+    )
+    assert not result.success
+    return result
+
+
+def _tick(instance, result) -> list[dg.RunRequest]:
+    """The failure sensor's evaluation of one run's failure."""
+    context = dg.build_run_status_sensor_context(
+        sensor_name="training_failure_sensor",
+        dagster_event=result.get_run_failure_event(),
+        dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(result.run_id),
+        resources=defs.resources,
+    ).for_run_failure()
+    return [r for r in (training_failure_sensor(context) or []) if isinstance(r, dg.RunRequest)]
 
 
 def _spec(**fields):
@@ -59,14 +62,16 @@ def test_failed_run_is_retried_within_its_policy_then_reported(home):
     spec = _spec(
         dataset={"snapshot_id": snapshot}, training={"batch_size": 4096}, preemption={"retry_failures": 1}
     )
-    first, second = _fail_and_tick(home, "doomed-1", spec, ticks=2)
-    (retry,) = first
-    assert retry.partition_key == "doomed-1"
-    assert "FAILED" in retry.tags["tp/reason"]
-    assert second == []  # retry_failures: 1 is used up: reported, not retried again
+    with dg.DagsterInstance.get() as instance:
+        first = _fail(instance, home, "doomed-1", spec)
+        (retry,) = _tick(instance, first)
+        assert retry.partition_key == "doomed-1" and retry.tags["tp/retry_of"] == first.run_id
+        assert "FAILED" in retry.tags["tp/reason"]
+        again = _fail(instance, home, "doomed-1", spec, tags=retry.tags)  # the retry fails the same way
+        assert _tick(instance, again) == []  # retry_failures: 1 is used up: reported, not retried again
 
 
 def test_bad_input_is_reported_and_never_retried(home):
     spec = _spec(dataset={"snapshot_id": "0" * 64}, preemption={"retry_failures": 3})
-    (outcome,) = _fail_and_tick(home, "bad-1", spec, ticks=1)
-    assert outcome == []
+    with dg.DagsterInstance.get() as instance:
+        assert _tick(instance, _fail(instance, home, "bad-1", spec)) == []

@@ -1,9 +1,5 @@
-"""The whole pipeline through the `tp` command line: real Dagster, MLflow, torchrun and GX."""
+"""The whole pipeline through the `tp` command line and the platform server: real Dagster, MLflow, torchrun and GX."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import dagster as dg
@@ -13,33 +9,16 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
+from tests.fixtures.platform import ROOT, last_json, server_logs
 from training_platform.tracking import CHAMPION_ALIAS, REQUIRED_TAGS, model_requirements
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
-TP = str(Path(sys.executable).with_name("tp"))
 
 
 @pytest.fixture(scope="module")
-def tp_home(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("tp-home")
-
-
-def run_tp(home: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MLFLOW_TRACKING_URI")}
-    env["TP_HOME"] = str(home)
-    return subprocess.run([TP, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-
-
-def last_json(proc: subprocess.CompletedProcess) -> dict:
-    assert proc.stdout.strip(), proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def demo(tp_home) -> dict:
-    proc = run_tp(tp_home, "demo", "--json")
-    assert proc.returncode == 0, proc.stderr[-4000:]
+def demo(platform) -> dict:
+    proc = platform.tp("demo", "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:] + server_logs(platform.home)
     return last_json(proc)
 
 
@@ -54,24 +33,20 @@ def test_demo_trains_evaluates_and_registers(demo):
     assert demo["checkpoints"][-1]["step"] == 300
 
 
-def test_dagster_records_every_asset_with_lineage(demo, tp_home):
-    os.environ["DAGSTER_HOME"] = str(tp_home / "dagster")
-    try:
-        with dg.DagsterInstance.get() as instance:
-            snapshot = instance.get_latest_materialization_event(dg.AssetKey("dataset_snapshot"))
-            assert snapshot.asset_materialization.metadata["snapshot_id"].value == demo["snapshot_id"]
-            assert demo["run_id"] in instance.get_dynamic_partitions("training_runs")
-            for key in ("training_run", "checkpoints", "evaluated_model", "registered_model"):
-                event = instance.get_latest_materialization_event(dg.AssetKey(key))
-                assert event is not None, key
-                assert event.asset_materialization.partition == demo["run_id"]
-            run = instance.get_latest_materialization_event(dg.AssetKey("training_run")).asset_materialization
-            lineage = run.metadata["lineage"].value
-            assert lineage["snapshot_id"] == demo["snapshot_id"]
-            assert run.metadata["final_weights_sha256"].value == demo["final_weights_sha256"]
-            assert run.metadata["world_size"].value == 2  # reported by the worker itself, through Pipes
-    finally:
-        del os.environ["DAGSTER_HOME"]
+def test_dagster_records_every_asset_with_lineage(demo, platform):
+    with platform.instance() as instance:
+        snapshot = instance.get_latest_materialization_event(dg.AssetKey("dataset_snapshot"))
+        assert snapshot.asset_materialization.metadata["snapshot_id"].value == demo["snapshot_id"]
+        assert demo["run_id"] in instance.get_dynamic_partitions("training_runs")
+        for key in ("training_run", "checkpoints", "evaluated_model", "registered_model"):
+            event = instance.get_latest_materialization_event(dg.AssetKey(key))
+            assert event is not None, key
+            assert event.asset_materialization.partition == demo["run_id"]
+        run = instance.get_latest_materialization_event(dg.AssetKey("training_run")).asset_materialization
+        lineage = run.metadata["lineage"].value
+        assert lineage["snapshot_id"] == demo["snapshot_id"]
+        assert run.metadata["final_weights_sha256"].value == demo["final_weights_sha256"]
+        assert run.metadata["world_size"].value == 2  # reported by the worker itself, through Pipes
 
 
 def test_mlflow_run_has_required_tags_metrics_and_champion(demo):
@@ -93,8 +68,8 @@ def test_mlflow_run_has_required_tags_metrics_and_champion(demo):
     assert "lightning" not in requirements and "transformers" not in requirements
 
 
-def test_identical_retrain_is_registered_but_not_promoted(demo, tp_home):
-    proc = run_tp(tp_home, "train", "examples/digits.yaml", "--json")
+def test_identical_retrain_is_registered_but_not_promoted(demo, platform):
+    proc = platform.tp("train", "examples/digits.yaml", "--json")
     assert proc.returncode == 0, proc.stderr[-4000:]
     again = last_json(proc)
     # Same seed and snapshot on CPU: bitwise the same weights, so the gate (strictly better) refuses.
@@ -116,23 +91,28 @@ def test_identical_retrain_is_registered_but_not_promoted(demo, tp_home):
         ({"resources": {"gpus_per_node": 2, "procs_per_node": 2}}, "gpus_per_node"),
     ],
 )
-def test_bad_input_is_refused_before_launch_with_exit_code_2(tp_home, tmp_path, change, message):
+def test_bad_input_is_refused_before_launch_with_exit_code_2(platform, tmp_path, change, message):
     spec = yaml.safe_load((ROOT / "examples" / "digits.yaml").read_text())
     for key, value in change.items():
         spec[key] = {**spec[key], **value} if isinstance(value, dict) and key in spec else value
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
-    runs_before = set((tp_home / "runs").glob("*"))
-    proc = run_tp(tp_home, "train", str(path), "--json")
+    submitted_before = _submitted(platform)
+    proc = platform.tp("train", str(path), "--json")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert last_json(proc)["status"] == "REFUSED"
-    assert set((tp_home / "runs").glob("*")) == runs_before
+    assert _submitted(platform) == submitted_before  # nothing reached the server's queue
 
 
-def test_doctor_reports_a_healthy_environment(tp_home):
-    proc = run_tp(tp_home, "doctor", "--json")
+def _submitted(platform) -> set[str]:
+    with platform.instance() as instance:
+        return {run.run_id for run in instance.get_runs()}
+
+
+def test_doctor_reports_a_healthy_environment(platform):
+    proc = platform.tp("doctor", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = last_json(proc)
     assert report["ok"] is True

@@ -99,7 +99,7 @@ def test_preempted_run_is_resumed_by_the_sensor_and_ends_bitwise_equal(instance)
     requests, cursor = _tick(instance)
     (request,) = [r for r in requests if isinstance(r, dg.RunRequest)]
     assert request.partition_key == run_id
-    assert request.tags["tp/resume_of"] == run_id
+    assert request.tags["tp/resume_of"] == first.run_id  # the Dagster run whose job was preempted
 
     resumed = _materialize(instance, run_id, request.run_config)
     assert resumed.success

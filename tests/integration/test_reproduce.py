@@ -1,17 +1,15 @@
 """`tp reproduce`: a past run rebuilt from its lineage key, exact or with a precise diff."""
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.fixtures.platform import ROOT, running_platform, server_logs
+
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
-TP = str(Path(sys.executable).with_name("tp"))
 
 
 def git(repo: Path, *args: str) -> str:
@@ -34,9 +32,9 @@ def world(tmp_path_factory):
     spec["training"].update(max_steps=60, eval_every=30)
     spec["checkpoint"]["every_steps"] = 30
     (root / "spec.yaml").write_text(yaml.safe_dump(spec))
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MLFLOW_TRACKING_URI")}
-    env.update(TP_HOME=str(root / "home"), TP_CODE_DIR=str(code), PYTHONPATH=str(site))
-    return {"root": root, "code": code, "site": site, "env": env}
+    # The runs' lineage is read on the server: its processes see the code directory and the packages.
+    with running_platform(root / "home", TP_CODE_DIR=str(code), PYTHONPATH=str(site)) as platform:
+        yield {"root": root, "code": code, "site": site, "platform": platform}
 
 
 def _install_probe(site: Path, version: str) -> None:
@@ -50,7 +48,7 @@ def _install_probe(site: Path, version: str) -> None:
 
 
 def tp(world, *args: str) -> tuple[int, dict, str]:
-    proc = subprocess.run([TP, *args], cwd=ROOT, env=world["env"], capture_output=True, text=True, timeout=600)
+    proc = world["platform"].tp(*args)
     lines = proc.stdout.strip().splitlines()
     return proc.returncode, json.loads(lines[-1]) if lines else {}, proc.stderr
 
@@ -58,7 +56,7 @@ def tp(world, *args: str) -> tuple[int, dict, str]:
 @pytest.fixture(scope="module")
 def original(world) -> dict:
     code, summary, err = tp(world, "train", str(world["root"] / "spec.yaml"), "--json")
-    assert code == 0, err[-3000:]
+    assert code == 0, err[-3000:] + server_logs(world["root"] / "home")
     return summary
 
 
@@ -102,4 +100,4 @@ def test_a_missing_snapshot_is_the_reason_it_cannot_be_reproduced(world, origina
 
 def test_an_unknown_run_is_refused(world):
     code, report, err = tp(world, "reproduce", "no-such-run", "--json")
-    assert code == 2 and "no finished attempt" in err
+    assert code == 2 and "no run 'no-such-run'" in err and report["status"] == "REFUSED"

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
-import subprocess
-import sys
 from datetime import UTC, date, datetime
 from pathlib import Path
 
@@ -17,26 +14,28 @@ import yaml
 from dagster._core.storage.defs_state.base import set_defs_state_storage
 
 from assets import ALL_ASSETS
-from assets.datasets import EXPECTATIONS, resolve_snapshot_id, snapshot_run_config
+from assets.datasets import EXPECTATIONS, resolve_snapshot_id
 from definitions import defs
 from sensors.new_data import new_data_sensor
 from sensors.retraining import (
-    RETRAIN_TAG,
+    RETRAINING,
     RetrainingConfig,
     build_retraining_schedule,
     nightly_retraining,
     retraining_sensor,
 )
+from tests.fixtures.platform import running_platform, server_logs
 from training_platform.datasets import build_snapshot, load_manifest
 from training_platform.datasets.daily import default_landing, seed_landing
 from training_platform.errors import SpecError
 from training_platform.paths import PlatformHome
+from training_platform.retraining import register_day_run
 from training_platform.runs import load_run_spec, register_run
 from training_platform.spec import parse_spec
+from training_platform.submission import THEN_TRAIN_TAG, snapshot_run_config
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-TP = str(Path(sys.executable).with_name("tp"))
 NOV = {day: date(2026, 11, day) for day in range(1, 8)}
 
 
@@ -113,7 +112,7 @@ def test_nightly_tick_registers_the_days_run_and_requests_its_snapshot(home, ins
     request = nightly_retraining(context)
     run_id = "digits-daily-2026-11-04"  # the day just finished
     assert request.partition_key == "2026-11-04"
-    assert request.tags[RETRAIN_TAG] == run_id
+    assert request.tags[THEN_TRAIN_TAG] == run_id
     assert request.run_config == snapshot_run_config("digits_daily")
     assert run_id in instance.get_dynamic_partitions("training_runs")
     spec = load_run_spec(home, run_id)
@@ -145,7 +144,8 @@ def test_backfilled_and_scheduled_snapshots_start_their_days_training_runs(home,
     seed_landing(default_landing(home.root), NOV[2], 3)
     assert _snapshot(instance, NOV[2], {"dagster/backfill": "bf-1"}).success  # a backfill from the UI
     assert _snapshot(instance, NOV[3]).success  # the new-data sensor's: waits for the night
-    assert _snapshot(instance, NOV[4], {RETRAIN_TAG: "digits-daily-2026-11-04"}).success  # the schedule's
+    register_day_run(home, RETRAINING.spec(), NOV[4])  # what the schedule does before it requests the snapshot
+    assert _snapshot(instance, NOV[4], {THEN_TRAIN_TAG: "digits-daily-2026-11-04"}).success  # the schedule's
     assert _snapshot(instance, NOV[4], {"dagster/backfill": "bf-2"}, source="sklearn_digits").success  # other source
 
     result = _tick(retraining_sensor, instance)
@@ -233,21 +233,26 @@ def test_backfill_of_three_days_builds_three_models_with_distinct_lineage(tmp_pa
     spec["checkpoint"] = {"every_steps": 10, "keep_last": 1}
     spec_path = tmp_path / "tiny-daily.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MLFLOW_TRACKING_URI")}
-    env["TP_HOME"] = str(tmp_path / "home")
-    proc = subprocess.run(
-        [TP, "retrain", "--from", "2026-11-02", "--to", "2026-11-04", "--spec", str(spec_path), "--json"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    with running_platform(tmp_path / "home") as platform:
+        proc = platform.tp("retrain", "--from", "2026-11-02", "--to", "2026-11-04", "--spec", str(spec_path), "--json")
+        assert proc.returncode == 0, proc.stderr[-4000:] + server_logs(platform.home)
+        again = platform.tp("retrain", "--from", "2026-11-03", "--to", "2026-11-04", "--spec", str(spec_path), "--json")
+        with platform.instance() as instance:
+            backfills = instance.get_backfills()
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     days = report["days"]
     assert [d["run_id"] for d in days] == [f"tiny-daily-2026-11-0{n}" for n in (2, 3, 4)]
     assert [d["status"] for d in days] == ["SUCCEEDED"] * 3
-    assert [d["model_version"] for d in days] == ["1", "2", "3"]
+    assert [d["model_version"] for d in days] == ["1", "2", "3"]  # the days trained one after the other
     assert len({d["lineage_key"] for d in days}) == 3
     assert len({d["snapshot_id"] for d in days}) == 3
     assert days[0]["promoted"] is True  # the first model has no champion to beat
     assert [d["lineage"]["snapshot_id"] for d in days] == [d["snapshot_id"] for d in days]
     for day in days:  # one line per day on the console
         assert f"{day['day']}  {day['run_id']}  model v{day['model_version']}" in proc.stderr
+    # It was one Dagster backfill; days trained before are not trained again (and start no second backfill).
+    assert [b.backfill_id for b in backfills] == [report["backfill_id"]]
+    assert again.returncode == 0, again.stderr[-3000:]
+    repeat = json.loads(again.stdout.strip().splitlines()[-1])
+    assert [d["status"] for d in repeat["days"]] == ["EXISTS", "EXISTS"]
+    assert [d["model_version"] for d in repeat["days"]] == ["2", "3"]

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.worker import job_pid, launch, train, wait, wait_for_step, wait_until
-from training_platform.checkpoints import open_store
+from training_platform.checkpoints import CheckpointManifest, CheckpointStore, open_store
 from training_platform.checkpoints.interval import FIRST_AUTO_STEPS
+from training_platform.checkpoints.writer import publish
 from training_platform.datasets import build_snapshot
 from training_platform.launch import JobState, standby
 from training_platform.launch.local import LOG_FILE, LocalLauncher
@@ -43,6 +44,11 @@ def _spec(home: Path, **training):
             "checkpoint": {"every_steps": 20, "keep_last": 5, "store_uri": str(home / "checkpoints")},
         }
     )
+
+
+def _fork(store: CheckpointStore, manifest: CheckpointManifest, run_id: str) -> None:
+    """Publish `manifest` as a checkpoint of another run (signed anew: a copied manifest is refused)."""
+    publish(store.storage, manifest.model_copy(update={"run_id": run_id, "uri": "", "tier": "hot"}), store.signer)
 
 
 @pytest.fixture(scope="module")
@@ -87,26 +93,46 @@ def test_auto_interval_is_measured_agreed_by_both_ranks_and_recorded(home):
     assert gaps.most_common(1)[0][0] in {choice["checkpoint_every_steps"] for choice in chosen}, (steps, chosen)
 
     # Resumed from its oldest kept checkpoint, a new attempt counts from there (no cost measured yet).
-    oldest = open_store(home / "checkpoints").list("auto-interval")[0]
-    target = home / "checkpoints" / "runs" / "auto-resumed"
-    target.mkdir(parents=True)
-    (target / Path(oldest.uri).name).write_bytes(Path(oldest.uri).read_bytes())
+    store = open_store(home / "checkpoints")
+    oldest = store.list("auto-interval")[0]
+    _fork(store, oldest, "auto-resumed")
     assert train(home, "auto-resumed", spec)["resumed_from_step"] == oldest.step
     resumed = [e["step"] for e in RunEvents(home / "runs" / "auto-resumed").read() if e["kind"] == "checkpoint"]
     assert resumed[0] == min(oldest.step + FIRST_AUTO_STEPS, 600), (oldest.step, resumed)
 
 
 def test_resume_from_mid_run_checkpoint_is_exact(home, uninterrupted):
-    # Make a run whose newest checkpoint is step 20 of the same spec: copy the manifest, then resume.
+    # Make a run whose newest checkpoint is step 20 of the same spec, then resume it.
     store = open_store(home / "checkpoints")
-    mid = next(m for m in store.list("straight") if m.step == 20)
-    target = home / "checkpoints" / "runs" / "resumed"
-    target.mkdir(parents=True)
-    (target / Path(mid.uri).name).write_bytes(Path(mid.uri).read_bytes())
+    _fork(store, next(m for m in store.list("straight") if m.step == 20), "resumed")
 
     resumed = train(home, "resumed", _spec(home))
     assert resumed["resumed_from_step"] == 20
     assert resumed["final_weights_sha256"] == uninterrupted["final_weights_sha256"]
+
+
+def test_a_run_whose_checkpoints_all_fail_to_restore_fails_and_changes_nothing(home):
+    """Issue 26: it used to start over at step 0, and its retention then pruned the damaged progress."""
+    train(home, "damaged", _spec(home, max_steps=40))
+    store = open_store(home / "checkpoints")
+    for manifest in store.list("damaged"):  # each skeleton holds its own step: a chunk of its own
+        chunk = home / "checkpoints" / "chunks" / manifest.skeleton.digest
+        chunk.write_bytes(bytes(chunk.stat().st_size))
+    manifests = {p.name: p.read_bytes() for p in (home / "checkpoints" / "runs" / "damaged").iterdir()}
+    (home / "runs" / "damaged" / "result.json").unlink()
+
+    launcher = LocalLauncher(visible_gpus=0)
+    status = wait(launcher, launch(home, "damaged", _spec(home, max_steps=60), launcher))
+
+    log = (home / "runs" / "damaged" / LOG_FILE).read_text()
+    assert status.state == JobState.FAILED, log[-3000:]
+    assert "run damaged has 2 checkpoints" in log and "none restores" in log and "does not start over" in log
+    assert "step 40: chunk" in log and "step 20: chunk" in log
+    assert {p.name: p.read_bytes() for p in (home / "checkpoints" / "runs" / "damaged").iterdir()} == manifests
+    assert not (home / "runs" / "damaged" / "result.json").exists()
+    events = RunEvents(home / "runs" / "damaged").read()
+    retried = events[next(i for i, e in enumerate(events) if e["kind"] == "finished") + 1 :]
+    assert retried and not any(e["kind"] in ("progress", "checkpoint") for e in retried)
 
 
 def test_five_sigterms_at_random_steps_lose_nothing_and_resume_exactly(home, uninterrupted):
@@ -219,7 +245,8 @@ class _MetadataServer(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_spot_notice_checkpoints_and_stops_before_any_signal(home):
+def test_a_spot_notice_checkpoints_and_stops_before_any_signal(home, monkeypatch):
+    monkeypatch.setenv("TP_SPOT_NOTICE_HOSTS", "127.0.0.1")  # the operator allows the stand-in metadata host
     server = HTTPServer(("127.0.0.1", 0), _MetadataServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

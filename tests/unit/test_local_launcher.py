@@ -20,7 +20,7 @@ def test_plan_runs_torchrun_with_one_process_per_slot(tmp_path):
     assert "--nproc-per-node=3" in plan.command
     assert plan.command[-4:] == ["training_platform.train", str(tmp_path / "spec.json"), "--run-id", "r-1"]
     assert plan.env["TP_HOME"] == str(tmp_path)
-    assert "-m training_platform.launch.agent --rdzv-backend=c10d --rdzv-endpoint=localhost:0" in plan.render()
+    assert "-m training_platform.launch.agent --rdzv-backend=tp-loopback --rdzv-endpoint=127.0.0.1:0" in plan.render()
 
 
 def test_gpus_on_a_cpu_only_machine_are_refused(tmp_path):

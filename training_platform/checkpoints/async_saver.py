@@ -23,7 +23,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
@@ -31,6 +31,7 @@ import torch
 
 from training_platform.checkpoints.layout import manifest_key
 from training_platform.checkpoints.manifest import CheckpointManifest
+from training_platform.checkpoints.retention import RetentionPolicy
 from training_platform.checkpoints.serialization import dtype_name, flatten_state
 from training_platform.checkpoints.store import CheckpointStore
 from training_platform.errors import CheckpointError
@@ -53,7 +54,7 @@ class SaveResult:
     stall_seconds: float = 0.0
     background_seconds: float = 0.0
     pruned: list[int] = field(default_factory=list)
-    """steps the writer removed afterwards (retention: `keep_last`)"""
+    """steps the writer removed afterwards (the run's retention policy)"""
     prune_error: str | None = None
 
     @property
@@ -137,13 +138,13 @@ class AsyncCheckpointer:
         state: Any,
         metrics: dict[str, float] | None = None,
         *,
-        keep_last: int | None = None,
+        retention: RetentionPolicy | None = None,
         keep_snapshot: bool = False,
     ) -> None:
         """Snapshot `state` into the staging buffer and hand it to the writer.
 
-        With `keep_last`, the writer then removes the run's checkpoints beyond the newest
-        `keep_last` (pins kept), so retention's deletes stay off the caller's thread too. With
+        With `retention`, the writer then removes the run's checkpoints the policy does not keep
+        (pins kept), so retention's deletes stay off the caller's thread too. With
         `keep_snapshot`, the writer holds the snapshot until the checkpoint is published (the next
         save waits that long), so it can write again a stored chunk that a concurrent garbage
         collection removed while the save settled.
@@ -176,7 +177,8 @@ class AsyncCheckpointer:
             "tensors": layout,
             "metrics": metrics or {},
             "stall_seconds": stall,
-            "keep_last": keep_last,
+            # Plain fields, not the object: the writer rebuilds (and re-validates) the policy.
+            "retention": asdict(retention) if retention is not None else None,
             "keep_snapshot": keep_snapshot,
         }
         result = SaveResult(run_id, step, stall_seconds=stall)
@@ -195,11 +197,11 @@ class AsyncCheckpointer:
         state: Any,
         metrics: dict[str, float] | None = None,
         *,
-        keep_last: int | None = None,
+        retention: RetentionPolicy | None = None,
     ) -> SaveResult:
         """Save and return once the checkpoint is published (an emergency save before a preemption)."""
         self.wait()
-        self.save_async(run_id, step, state, metrics, keep_last=keep_last, keep_snapshot=True)
+        self.save_async(run_id, step, state, metrics, retention=retention, keep_snapshot=True)
         return self.wait()
 
     def reserve(self, state: Any) -> None:
@@ -307,6 +309,7 @@ class AsyncCheckpointer:
             {
                 "storage": self.store.storage,
                 "cold": self.store.cold,
+                "signer": self.store.signer,  # over the socketpair: the key never reaches argv or a file
                 "lease_settle_seconds": self.store.lease_settle_seconds,
             }
         )

@@ -3,12 +3,19 @@
 chunks/<digest>                          content-addressed bytes (shared by all runs)
 runs/<run_id>/<step:012d>.json           manifests, written last
 pins/<run_id>/<step:012d>/<reason>.json  references that retention must keep
+removed/<run_id>/<step:012d>.json        chunk lists of manifests retention or tiering removed, so GC
+                                         can say which run the bytes it frees came from (no reference)
 leases/<id>.json                         saves in progress: chunks GC must not delete
+quarantine/<digest>.<id>                 chunks that failed their hash on read, kept for inspection
+clock/<id>.probe                         written and deleted by GC to read the storage's clock
+tiers/cold.json                          the cold tier's URI, so every reader of the store finds it
+retention/<run_id>.json                  the run's retention policy, applied again when a pin goes
 """
 
 from __future__ import annotations
 
 import hashlib
+import uuid
 
 from training_platform.checkpoints.storage import validate_key
 
@@ -17,6 +24,11 @@ def chunk_key(digest: str) -> str:
     if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
         raise ValueError(f"invalid chunk digest {digest!r}")
     return f"chunks/{digest}"
+
+
+def quarantine_key(digest: str) -> str:
+    # A suffix of its own: the same chunk may be damaged again after it was written anew.
+    return f"quarantine/{chunk_key(digest).removeprefix('chunks/')}.{uuid.uuid4().hex[:12]}"
 
 
 def run_prefix(run_id: str) -> str:
@@ -43,6 +55,23 @@ def pin_key(run_id: str, step: int, reason: str) -> str:
     # A reason is free text ("model churn-classifier v3"); its key is a digest, the text is in the body.
     digest = hashlib.sha256(reason.encode()).hexdigest()[:16]
     return validate_key(f"pins/{run_id}/{step:012d}/{digest}.json")
+
+
+def removed_key(run_id: str, step: int) -> str:
+    if step < 0:
+        raise ValueError(f"checkpoint step must be >= 0, got {step}")
+    return validate_key(f"removed/{run_id}/{step:012d}.json")
+
+
+COLD_TIER_KEY = "tiers/cold.json"
+
+
+def retention_key(run_id: str) -> str:
+    return validate_key(f"retention/{run_id}.json")
+
+
+def clock_probe_key() -> str:
+    return f"clock/{uuid.uuid4().hex}.probe"
 
 
 def lease_key(lease_id: str) -> str:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
 import blake3
-from pydantic import BaseModel, Field, model_serializer, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from training_platform.errors import CheckpointError
 
@@ -27,6 +27,10 @@ READABLE_FORMATS = (2, 3)
 
 ChunkHash = Literal["blake3", "sha256"]
 CHUNK_HASH: ChunkHash = "blake3"
+
+MAX_CHUNK_BYTES = 1 << 30
+"""No chunk is larger (the writer cuts 64 MiB pieces): a manifest's sizes are checked against it
+when it is parsed, before a reader allocates anything for them."""
 
 
 def chunk_digest(data: bytes | memoryview, algorithm: ChunkHash = CHUNK_HASH) -> str:
@@ -57,6 +61,16 @@ class ChunkRef(BaseModel):
         rest = {key: value for key, value in data.items() if key != named[0]}
         return {"digest": data[named[0]], "algorithm": named[0], **rest}
 
+    @field_validator("size")
+    @classmethod
+    def _bounded(cls, size: int) -> int:
+        if not 0 <= size <= MAX_CHUNK_BYTES:
+            raise ValueError(
+                f"chunk size {size} is outside 0..{MAX_CHUNK_BYTES} bytes, which no writer of this store "
+                "produces: the manifest is damaged or crafted"
+            )
+        return size
+
     @model_serializer
     def _to_stored(self) -> dict[str, str | int]:
         return {self.algorithm: self.digest, "size": self.size}
@@ -76,6 +90,16 @@ class TensorRef(BaseModel):
     size: int
     offset: int = 0
     chunks: list[ChunkRef]
+
+    @model_validator(mode="after")
+    def _within_chunks(self) -> TensorRef:
+        # The reader allocates `size` bytes: bound it by chunks that are each bounded.
+        if self.size < 0 or self.offset < 0 or self.offset + self.size > sum(c.size for c in self.chunks):
+            raise ValueError(
+                f"tensor of {self.size} bytes from offset {self.offset} does not lie within its chunks "
+                f"({sum(c.size for c in self.chunks)} bytes): the manifest is damaged or crafted"
+            )
+        return self
 
 
 class FileRef(BaseModel):
@@ -110,6 +134,8 @@ class CheckpointManifest(BaseModel):
     uri: str = ""
     tier: str = "hot"
     manifest_sha256: str = ""
+    signature: str = ""
+    """HMAC of the content hash under the deployment's key (signing.py); empty before signing was"""
 
     @property
     def chunks(self) -> list[ChunkRef]:
@@ -124,11 +150,8 @@ class CheckpointManifest(BaseModel):
         return sum(chunk.size for chunk in self.chunks)
 
     def content_hash(self) -> str:
-        body = self.model_dump(mode="json", exclude={"manifest_sha256", "uri", "tier"})
+        body = self.model_dump(mode="json", exclude={"manifest_sha256", "signature", "uri", "tier"})
         return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-    def sealed(self) -> CheckpointManifest:
-        return self.model_copy(update={"manifest_sha256": self.content_hash()})
 
     def summary(self) -> dict:
         """The figures shown in Dagster metadata and the CLI (flat scalars)."""
@@ -156,7 +179,11 @@ def parse_manifest(raw: bytes | str) -> CheckpointManifest:
             f"checkpoint format {version} is newer than this build reads "
             f"({', '.join(map(str, READABLE_FORMATS))}); upgrade training_platform"
         )
-    return CheckpointManifest.model_validate(body)
+    try:
+        return CheckpointManifest.model_validate(body)
+    except ValidationError as exc:  # one line naming each bad field, for the restore's reasons
+        problems = (f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+        raise ValueError("; ".join(problems)) from None
 
 
 def run_checkpoint_summary(manifests: list[CheckpointManifest], training_seconds: float) -> dict:

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from training_platform.checkpoints.layout import chunk_key
+from training_platform.checkpoints.layout import chunk_key, quarantine_key
 from training_platform.checkpoints.manifest import CheckpointManifest, ChunkRef, TensorRef
 from training_platform.checkpoints.serialization import dtype_from_name, tensor_from_bytes
 from training_platform.checkpoints.storage import Storage
@@ -22,28 +22,41 @@ READ_WORKERS = max(4, min(16, os.cpu_count() or 4))
 
 
 class ChunkReader:
-    """Fetches chunks from the first tier that has them and checks size and hash."""
+    """Fetches chunks from the first tier that has them and checks size and hash.
+
+    A chunk that fails either is moved to quarantine/: dedup would otherwise keep trusting the
+    damaged copy, so every later save would reference it; once it is gone, the next save that
+    holds those bytes writes it again.
+    """
 
     def __init__(self, tiers: Sequence[Storage]):
         self.tiers = list(tiers)
 
     def read_into(self, ref: ChunkRef, out: memoryview) -> None:
         key = chunk_key(ref.digest)
-        size = None
         for tier in self.tiers:
             try:
                 size = tier.get_into(key, out)
-                break
             except FileNotFoundError:
                 continue
             except ValueError as exc:  # larger than the manifest says
-                raise CheckpointError(f"chunk {tier.uri}/{key} does not match its size: {exc}") from None
-        if size is None:
-            raise CheckpointError(f"chunk {self.tiers[0].uri}/{key} is missing (looked in {self._where()})")
-        if not ref.matches(out[:size]):
-            raise CheckpointError(
-                f"chunk {self.tiers[0].uri}/{key} does not match its {ref.algorithm} hash (corrupted)"
-            )
+                raise self._damaged(tier, ref, f"does not match its size: {exc}") from None
+            if not ref.matches(out[:size]):
+                raise self._damaged(tier, ref, f"does not match its {ref.algorithm} hash (corrupted)")
+            return
+        raise CheckpointError(f"chunk {self.tiers[0].uri}/{key} is missing (looked in {self._where()})")
+
+    def _damaged(self, tier: Storage, ref: ChunkRef, problem: str) -> CheckpointError:
+        key = chunk_key(ref.digest)
+        target = quarantine_key(ref.digest)
+        try:
+            tier.move(key, target)
+            where = f"; quarantined to {tier.uri}/{target}, so the next save that holds it writes it again"
+        except FileNotFoundError:
+            where = ""  # someone else moved it first
+        except (OSError, CheckpointError) as exc:
+            where = f"; it could not be quarantined ({exc}): delete it so that the next save writes it again"
+        return CheckpointError(f"chunk {tier.uri}/{key} {problem}{where}")
 
     def read(self, ref: ChunkRef) -> memoryview:
         buffer = memoryview(bytearray(ref.size)) if ref.size else memoryview(bytearray(1))[:0]

@@ -3,9 +3,9 @@
 Retention removes manifests only; chunks go when GC finds no manifest, pin or lease that
 references them. GC is safe while saves run:
 
-- a chunk younger than the grace period is never deleted; a save writes its new chunks and
-  then its lease or manifest, so the grace must outlast a save's chunk phase plus a second
-  (the default is an hour);
+- a chunk younger than the grace period (by the storage's own clock: see storage_now) is
+  never deleted; a save writes its new chunks and then its lease or manifest, so the grace
+  must outlast a save's chunk phase plus a second (the default is an hour);
 - a save that reused existing chunks lists them in a lease, waits LEASE_SETTLE_SECONDS,
   re-checks them (rewriting any that vanished), writes its manifest, then drops the lease;
 - GC reads leases, then manifests, and deletes only within GC_DELETE_WINDOW_SECONDS of that
@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
-from training_platform.checkpoints.layout import chunk_key, step_of_manifest_key
+from training_platform.checkpoints.layout import chunk_key, clock_probe_key, step_of_manifest_key
 from training_platform.checkpoints.manifest import CheckpointManifest, parse_manifest
+from training_platform.checkpoints.removed import Removals
 from training_platform.checkpoints.storage import Storage
 from training_platform.checkpoints.writer import MIN_SETTLE_SECONDS
 from training_platform.errors import CheckpointError
@@ -39,7 +42,7 @@ class RetentionPolicy:
     """Which checkpoints of a run to keep; a checkpoint kept by any rule (or pinned) stays."""
 
     keep_last: int = 3
-    """the newest K checkpoints"""
+    """the K checkpoints saved last (by save time, not by step)"""
     keep_best: int = 0
     """the best N by `best_metric`"""
     best_metric: str | None = None
@@ -60,7 +63,8 @@ class RetentionPolicy:
 
 def steps_to_keep(manifests: list[CheckpointManifest], policy: RetentionPolicy, pinned: set[int]) -> set[int]:
     steps = sorted(m.step for m in manifests)
-    keep = set(steps[-policy.keep_last :]) if policy.keep_last else set()
+    newest_saves = [m.step for m in by_save_time(manifests)[-policy.keep_last :]] if policy.keep_last else []
+    keep = set(newest_saves)
     if policy.keep_every:
         keep |= {s for s in steps if s % policy.keep_every == 0}
     if policy.keep_best and policy.best_metric:
@@ -68,6 +72,33 @@ def steps_to_keep(manifests: list[CheckpointManifest], policy: RetentionPolicy, 
         scored.sort(key=lambda m: m.metrics[policy.best_metric], reverse=policy.best_mode == "max")
         keep |= {m.step for m in scored[: policy.keep_best]}
     return keep | (pinned & set(steps))
+
+
+def by_save_time(manifests: list[CheckpointManifest]) -> list[CheckpointManifest]:
+    """Oldest save first. Not by step: a run that fell back to an older checkpoint saves lower
+    steps after higher, broken ones, and its newest saves are the ones to keep."""
+
+    def saved_at(manifest: CheckpointManifest) -> tuple[datetime, int]:
+        try:
+            when = datetime.fromisoformat(manifest.created_at)
+        except ValueError:
+            when = datetime.min
+        return (when if when.tzinfo else when.replace(tzinfo=UTC)), manifest.step
+
+    return sorted(manifests, key=saved_at)
+
+
+@dataclass
+class Freed:
+    chunks: int = 0
+    bytes: int = 0
+
+    def add(self, other: Freed) -> Freed:
+        return Freed(self.chunks + other.chunks, self.bytes + other.bytes)
+
+
+UNATTRIBUTED = ""
+"""`by_run` key of chunks no removal record names (saves that died before their manifest, older prunes)"""
 
 
 @dataclass
@@ -78,76 +109,149 @@ class GcReport:
     young_chunks: int = 0
     deleted: list[str] = field(default_factory=list)
     postponed_chunks: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)
+    """unreadable manifests and leases (uri -> why): every chunk their text names was kept"""
+    dry_run: bool = False
+    """nothing was deleted: `deleted_*` and `by_run` say what would have been"""
+    stored_bytes: int = 0
+    """bytes of every chunk on the tier before this collection"""
+    by_run: dict[str, Freed] = field(default_factory=dict)
+    """what was freed per run whose removed checkpoints named the chunks (removed.py)"""
 
     def merged(self, other: GcReport) -> GcReport:
+        runs = {
+            run: self.by_run.get(run, Freed()).add(other.by_run.get(run, Freed())) for run in self.by_run | other.by_run
+        }
         return GcReport(
-            self.deleted_chunks + other.deleted_chunks,
-            self.deleted_bytes + other.deleted_bytes,
-            self.kept_chunks + other.kept_chunks,
-            self.young_chunks + other.young_chunks,
-            self.deleted + other.deleted,
-            self.postponed_chunks + other.postponed_chunks,
+            deleted_chunks=self.deleted_chunks + other.deleted_chunks,
+            deleted_bytes=self.deleted_bytes + other.deleted_bytes,
+            kept_chunks=self.kept_chunks + other.kept_chunks,
+            young_chunks=self.young_chunks + other.young_chunks,
+            deleted=self.deleted + other.deleted,
+            postponed_chunks=self.postponed_chunks + other.postponed_chunks,
+            skipped=self.skipped | other.skipped,
+            dry_run=self.dry_run or other.dry_run,
+            stored_bytes=self.stored_bytes + other.stored_bytes,
+            by_run=runs,
         )
+
+    def freed(self, digest: str, size: int, run_id: str) -> None:
+        self.deleted_chunks += 1
+        self.deleted_bytes += size
+        self.deleted.append(digest)
+        self.by_run[run_id] = self.by_run.get(run_id, Freed()).add(Freed(1, size))
+
+
+_CHUNK_NAME = re.compile(rb"[0-9a-f]{64}")
+
+
+def named_chunks(raw: bytes) -> set[str]:
+    """Every chunk name in the text of an object that does not parse (torn, edited, of a newer
+    format): the chunks it may reference, as far as can be told without reading it."""
+    return {match.decode() for match in _CHUNK_NAME.findall(raw)}
 
 
 class _References:
-    """Chunks referenced by manifests; a manifest is immutable, so each is read once."""
+    """Chunks referenced by manifests; a manifest is immutable, so each is read once.
 
-    def __init__(self, storage: Storage):
+    A manifest that does not parse keeps every chunk its text names, and only those: the rest of
+    the store is collected as usual (its run's checkpoint cannot be restored anyway).
+    """
+
+    def __init__(self, storage: Storage, report: GcReport):
         self.storage = storage
+        self.report = report
         self._by_key: dict[str, set[str]] = {}
 
     def refresh(self) -> set[str]:
         keys = {k for k in self.storage.list("runs") if step_of_manifest_key(k) is not None}
         for key in keys - set(self._by_key):
             try:
-                manifest = parse_manifest(self.storage.get(key))
-                self._by_key[key] = {ref.digest for ref in manifest.chunks}
+                raw = self.storage.get(key)
             except FileNotFoundError:
                 continue
+            try:
+                self._by_key[key] = {ref.digest for ref in parse_manifest(raw).chunks}
             except (CheckpointError, ValueError) as exc:
-                # An unreadable manifest cannot tell us its chunks: keep everything this pass.
-                raise RuntimeError(f"GC stopped: manifest {self.storage.uri}/{key} is unreadable ({exc})") from exc
+                self._by_key[key] = named_chunks(raw)
+                _skip(self.report, f"{self.storage.uri}/{key}", f"manifest is unreadable ({exc})")
         for key in set(self._by_key) - keys:
             del self._by_key[key]
         return set().union(*self._by_key.values()) if self._by_key else set()
 
 
-def _leased(storage: Storage) -> set[str]:
+def _skip(report: GcReport, uri: str, reason: str) -> None:
+    if uri not in report.skipped:
+        log.warning("GC keeps every chunk %s names: its %s", uri, reason)
+    report.skipped[uri] = reason
+
+
+def _leased(storage: Storage, now: float, report: GcReport) -> set[str]:
     chunks: set[str] = set()
-    now = time.time()
     for info in storage.list_info("leases"):
         if now - info.modified > STALE_LEASE_SECONDS:
-            storage.delete(info.key)  # left by a killed save long ago
+            if not report.dry_run:
+                storage.delete(info.key)  # left by a killed save long ago
             continue
         try:
-            chunks.update(json.loads(storage.get(info.key))["chunks"])
+            raw = storage.get(info.key)
         except FileNotFoundError:
             continue
-        except (ValueError, KeyError) as exc:
-            raise RuntimeError(f"GC stopped: lease {storage.uri}/{info.key} is unreadable ({exc})") from exc
+        try:
+            chunks.update(json.loads(raw)["chunks"])
+        except (ValueError, KeyError, TypeError) as exc:
+            chunks.update(named_chunks(raw))
+            _skip(report, f"{storage.uri}/{info.key}", f"lease is unreadable ({exc})")
     return chunks
 
 
-def collect_garbage(storage: Storage, grace_seconds: float = 3600.0) -> GcReport:
-    """Delete unreferenced chunks older than `grace_seconds` from one storage tier."""
-    report = GcReport()
-    references = _References(storage)
-    referenced = _leased(storage) | references.refresh()
-    now = time.time()
+def storage_now(storage: Storage) -> float:
+    """The storage's own clock: the modification time it gives a probe object written now.
+
+    Ages compare it with the storage's modification times, so a fast or slow local clock does not
+    make a save in flight look old (nor an old chunk look young).
+    """
+    key = clock_probe_key()
+    storage.put(key, b"", sync_parent=False)
+    try:
+        info = storage.stat(key)
+    finally:
+        storage.delete(key)
+    if info is None:
+        raise CheckpointError(f"GC stopped: {storage.uri}/{key} vanished right after it was written")
+    return info.modified
+
+
+def collect_garbage(storage: Storage, grace_seconds: float = 3600.0, *, dry_run: bool = False) -> GcReport:
+    """Delete unreferenced chunks older than `grace_seconds` from one storage tier.
+
+    `dry_run`: delete nothing; the report says what would have been freed.
+    """
+    report = GcReport(dry_run=dry_run)
+    references = _References(storage, report)
+    removals = Removals(storage)
+    now = storage_now(storage)
+    referenced = _leased(storage, now, report) | references.refresh()
     candidates = []
+    young: set[str] = set()
     for info in storage.list_info("chunks"):
+        report.stored_bytes += info.size
         digest = info.key.rsplit("/", 1)[-1]
         if digest in referenced:
             report.kept_chunks += 1
         elif now - info.modified < grace_seconds:
             report.young_chunks += 1
+            young.add(digest)
         else:
             candidates.append((digest, info.size))
+    if dry_run:
+        for digest, size in candidates:
+            report.freed(digest, size, removals.run_of.get(digest, UNATTRIBUTED))
+        return report
     idle_rounds = 0
     while candidates and idle_rounds < 3:
         leases_read_at = time.monotonic()
-        protected = _leased(storage) | references.refresh()
+        protected = _leased(storage, now, report) | references.refresh()
         # Re-reading took longer than the window (a slow store): nothing may be deleted this round.
         idle_rounds = idle_rounds + 1 if time.monotonic() - leases_read_at >= GC_DELETE_WINDOW_SECONDS else 0
         while candidates and time.monotonic() - leases_read_at < GC_DELETE_WINDOW_SECONDS:
@@ -156,9 +260,7 @@ def collect_garbage(storage: Storage, grace_seconds: float = 3600.0) -> GcReport
                 report.kept_chunks += 1
                 continue
             storage.delete(chunk_key(digest))
-            report.deleted_chunks += 1
-            report.deleted_bytes += size
-            report.deleted.append(digest)
+            report.freed(digest, size, removals.run_of.get(digest, UNATTRIBUTED))
     if candidates:
         report.postponed_chunks = len(candidates)
         log.warning(
@@ -167,8 +269,9 @@ def collect_garbage(storage: Storage, grace_seconds: float = 3600.0) -> GcReport
             len(candidates),
             GC_DELETE_WINDOW_SECONDS,
         )
+    removals.drop_settled(young | {digest for digest, _ in candidates})
     if hasattr(storage, "remove_stale_temporaries"):
         # Not the chunk grace: a temporary may belong to a put in progress right now.
-        storage.remove_stale_temporaries(STALE_TEMPORARY_SECONDS)
+        storage.remove_stale_temporaries(STALE_TEMPORARY_SECONDS, now=now)
     log.info("GC of %s: deleted %d chunks (%d bytes)", storage.uri, report.deleted_chunks, report.deleted_bytes)
     return report

@@ -150,6 +150,31 @@ class S3Storage:
         except BotoCoreError as exc:
             raise self._fail("lookup", key, exc) from None
 
+    def stat(self, key: str) -> ObjectInfo | None:
+        """Size and LastModified (by the server's clock), or None when absent."""
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if _code(exc) in _NOT_FOUND:
+                return None
+            raise self._fail("lookup", key, exc) from None
+        except BotoCoreError as exc:
+            raise self._fail("lookup", key, exc) from None
+        return ObjectInfo(key, head["ContentLength"], head["LastModified"].timestamp())
+
+    def move(self, key: str, target: str) -> None:
+        """Server-side copy, then delete (S3 has no rename); FileNotFoundError when it is gone."""
+        source = {"Bucket": self.bucket, "Key": self._key(key)}
+        try:
+            self._manager.copy(source, self.bucket, self._key(target)).result()
+        except ClientError as exc:
+            if _code(exc) in _NOT_FOUND:
+                raise FileNotFoundError(f"{self.uri}/{key}") from None
+            raise self._fail("copy", key, exc) from None
+        except BotoCoreError as exc:
+            raise self._fail("copy", key, exc) from None
+        self.delete(key)
+
     def list(self, prefix: str) -> list[str]:
         return [info.key for info in self.list_info(prefix)]
 

@@ -19,10 +19,14 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from training_platform.checkpoints.dcp_safe import SafeFileSystemReader, SafeLoadPlanner
 from training_platform.checkpoints.manifest import CheckpointManifest, SaveRecord
-from training_platform.checkpoints.store import CheckpointStore
+from training_platform.checkpoints.serialization import flatten_state, tensor_blob
+from training_platform.checkpoints.store import CheckpointStore, RunCheckpoints, nothing_restores
 from training_platform.checkpoints.writer import protect_reused, publish, write_chunks
 from training_platform.errors import CheckpointError
+
+DCP_FORMAT = "torch.distributed.checkpoint"
 
 
 def _distributed(group) -> bool:
@@ -48,18 +52,29 @@ def save_sharded(
     state_dict: dict[str, Any],
     metrics: dict[str, float] | None = None,
     *,
+    weights: dict[str, Any] | None = None,
     process_group=None,
     staging_root: str | Path | None = None,
 ) -> CheckpointManifest:
-    """Collective: every rank calls it; returns the manifest (on every rank)."""
+    """Collective: every rank calls it; returns the manifest (on every rank).
+
+    `weights` (rank 0's, when given): the full model weights, stored beside the shards as tensors
+    that `CheckpointStore.load` reads (`{"model": weights}`).
+    """
     started = time.monotonic()
     rank = _rank(process_group)
     staging = Path(tempfile.mkdtemp(prefix=f"tp-dcp-{rank}-", dir=staging_root))
     try:
         dcp.save(state_dict, storage_writer=dcp.FileSystemWriter(str(staging)), process_group=process_group)
         files = {str(p.relative_to(staging)): p for p in sorted(staging.rglob("*")) if p.is_file()}
-        written = write_chunks(store.storage, files=files)
+        skeleton, blobs = None, []
+        if weights is not None and rank == 0:
+            skeleton, tensors = flatten_state({"model": weights})
+            blobs = [tensor_blob(tensor) for tensor in tensors]
+        written = write_chunks(store.storage, files=files, skeleton=skeleton, blobs=blobs)
         digests = {ref.digest for ref in written.files.values() for ref in ref.chunks}
+        digests |= {ref.digest for ref in written.tensors for ref in ref.chunks}
+        digests |= {written.skeleton.digest} if written.skeleton else set()
         lease = protect_reused(store.storage, run_id, step, digests, written.stats, store.lease_settle_seconds)
         parts = _gather(
             {
@@ -85,14 +100,17 @@ def save_sharded(
                     step=step,
                     kind="files",
                     files=merged,
+                    skeleton=written.skeleton,
+                    tensors=written.tensors,
                     metrics=metrics or {},
-                    attributes={"format": "torch.distributed.checkpoint", "world_size": len(parts)},
+                    attributes={"format": DCP_FORMAT, "world_size": len(parts)},
                     save=SaveRecord(
                         bytes_written=sum(p["written"] for p in parts),
                         bytes_deduplicated=sum(p["deduplicated"] for p in parts),
                         background_seconds=time.monotonic() - started,
                     ),
                 ),
+                store.signer,
                 [p["lease"] for p in parts],
             )
             manifest = store.located(manifest, "hot")
@@ -102,19 +120,20 @@ def save_sharded(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def list_on_main(store: CheckpointStore, run_id: str, *, process_group=None) -> list[CheckpointManifest]:
-    """Collective: the run's manifests, listed once on rank 0 and sent to every rank.
+def list_on_main(store: CheckpointStore, run_id: str, *, process_group=None) -> RunCheckpoints:
+    """Collective: the run's checkpoints (`CheckpointStore.scan`), read once on rank 0 and sent
+    to every rank.
 
     A failure there (a storage error, a checkpoint of a newer format) is raised on every rank, so
     no rank waits for a list that will not come.
     """
     if _rank(process_group) == 0:
         try:
-            manifests = store.list(run_id)
+            checkpoints = store.scan(run_id)
         except (CheckpointError, OSError) as exc:
             _broadcast(str(exc), process_group)
             raise
-        return _broadcast(manifests, process_group)
+        return _broadcast(checkpoints, process_group)
     listed = _broadcast(None, process_group)
     if isinstance(listed, str):
         raise CheckpointError(f"rank 0 could not list the checkpoints of run {run_id}: {listed}")
@@ -148,9 +167,23 @@ def load_sharded(
         errors = [e for e in _gather(error, process_group) if e]
         if errors:  # every rank agrees, so all of them fall back together
             raise CheckpointError(errors[0])
-        dcp.load(state_dict, storage_reader=dcp.FileSystemReader(str(staging)), process_group=process_group)
+        reader = SafeFileSystemReader(str(staging))
+        try:
+            reader.read_metadata()  # refused here, alike on every rank (each has every file), before DCP's collectives
+            dcp.load(state_dict, storage_reader=reader, planner=SafeLoadPlanner(), process_group=process_group)
+        except CheckpointError as exc:
+            raise CheckpointError(f"checkpoint {manifest.uri}: {exc}") from None
+        except dcp.CheckpointException as exc:  # raised on every rank, with each rank's failure
+            raise CheckpointError(f"checkpoint {manifest.uri} does not load: {_first_failure(exc)}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _first_failure(exc: dcp.CheckpointException) -> str:
+    failures = [failure for failure, _ in exc.failures.values()]
+    ours = [failure for failure in failures if isinstance(failure, CheckpointError)]
+    first = (ours or failures)[0]
+    return str(first) if ours else f"{type(first).__name__}: {first}"
 
 
 def restore_latest_sharded(
@@ -159,17 +192,19 @@ def restore_latest_sharded(
     state_dict: dict[str, Any],
     *,
     process_group=None,
-    manifests: list[CheckpointManifest] | None = None,
+    checkpoints: RunCheckpoints | None = None,
 ) -> tuple[CheckpointManifest, list[tuple[int, str]]] | None:
     """Collective: load the newest sharded checkpoint that verifies; returns it and the skipped ones.
 
-    `manifests`: the run's, when the caller has already listed them with `list_on_main`.
+    None when the run has no checkpoint; CheckpointError on every rank when it has some and none
+    restores. `checkpoints`: the run's, when the caller has already listed them with `list_on_main`.
     """
-    skipped: list[tuple[int, str]] = []
-    if manifests is None:
-        manifests = list_on_main(store, run_id, process_group=process_group)
-    for manifest in reversed(manifests):
-        if manifest.kind != "files":
+    if checkpoints is None:
+        checkpoints = list_on_main(store, run_id, process_group=process_group)
+    skipped = list(checkpoints.unreadable.items())
+    for manifest in reversed(checkpoints.manifests):
+        if manifest.attributes.get("format") != DCP_FORMAT:
+            skipped.append((manifest.step, f"written by another strategy ({written_as(manifest)}), not as DCP shards"))
             continue
         try:
             store.check_manifest(manifest)
@@ -177,5 +212,12 @@ def restore_latest_sharded(
         except CheckpointError as exc:
             skipped.append((manifest.step, str(exc)))
             continue
-        return manifest, skipped
+        return manifest, sorted(skipped, reverse=True)
+    if skipped:
+        raise nothing_restores(run_id, store.uri, sorted(skipped, reverse=True))
     return None
+
+
+def written_as(manifest: CheckpointManifest) -> str:
+    """How a checkpoint was written, for messages: 'state', or its files' format."""
+    return manifest.kind if manifest.kind == "state" else str(manifest.attributes.get("format", "files"))

@@ -53,6 +53,10 @@ class Storage(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
+    def stat(self, key: str) -> ObjectInfo | None: ...
+
+    def move(self, key: str, target: str) -> None: ...
+
     def list(self, prefix: str) -> list[str]: ...
 
     def list_info(self, prefix: str) -> list[ObjectInfo]: ...
@@ -116,6 +120,21 @@ class LocalStorage:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
+    def stat(self, key: str) -> ObjectInfo | None:
+        """Size and modification time (by the filesystem's clock), or None when absent."""
+        try:
+            info = self._path(key).stat()
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(key, info.st_size, info.st_mtime)
+
+    def move(self, key: str, target: str) -> None:
+        """Rename an object (atomic); FileNotFoundError when it is gone."""
+        path = self._path(target)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self._path(key), path)
+        _fsync_dir(path.parent)
+
     def list(self, prefix: str) -> list[str]:
         return [info.key for info in self.list_info(prefix)]
 
@@ -138,10 +157,13 @@ class LocalStorage:
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
-    def remove_stale_temporaries(self, older_than_seconds: float) -> int:
-        """Delete temporary files left by writers killed mid-put; returns how many."""
+    def remove_stale_temporaries(self, older_than_seconds: float, *, now: float | None = None) -> int:
+        """Delete temporary files left by writers killed mid-put; returns how many.
+
+        `now`: the filesystem's clock (GC reads it; see retention.storage_now), else this machine's.
+        """
         removed = 0
-        cutoff = time.time() - older_than_seconds
+        cutoff = (time.time() if now is None else now) - older_than_seconds
         for path in self.root.rglob(".*.tmp"):
             try:
                 if path.stat().st_mtime < cutoff:

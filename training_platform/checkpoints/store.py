@@ -1,9 +1,11 @@
 """CheckpointStore: atomic, verified, deduplicated checkpoints on a storage tier (plus a cold one).
 
 Layout under the store root: see layout.py. Save order: every chunk (skipped when already
-present), then the manifest. A crash at any point leaves either the previous checkpoint or
-the new one visible, never a torn one. Restore verifies the manifest's own hash and every
-chunk's hash and falls back to older checkpoints, saying which it skipped and why.
+present at its size), then the signed manifest (signing.py). A crash at any point leaves either
+the previous checkpoint or the new one visible, never a torn one. Restore verifies the manifest's
+own hash, its signature and every chunk's hash, and falls back to older checkpoints, saying which
+it skipped and why; a run that has checkpoints of which none restores fails instead of starting
+over.
 
 The tensor modules are imported where tensors are read or written: the background writer
 process applies retention through this class and starts without importing torch.
@@ -13,27 +15,42 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from training_platform.checkpoints.layout import (
+    COLD_TIER_KEY,
+    chunk_key,
     manifest_key,
     pin_key,
     pin_prefix,
+    retention_key,
     run_prefix,
     step_of_manifest_key,
 )
-from training_platform.checkpoints.manifest import READABLE_FORMATS, CheckpointManifest, parse_manifest
-from training_platform.checkpoints.retention import GcReport, RetentionPolicy, collect_garbage, steps_to_keep
+from training_platform.checkpoints.manifest import READABLE_FORMATS, CheckpointManifest, ChunkRef, parse_manifest
+from training_platform.checkpoints.removed import record_removal
+from training_platform.checkpoints.retention import (
+    GcReport,
+    RetentionPolicy,
+    by_save_time,
+    collect_garbage,
+    steps_to_keep,
+)
+from training_platform.checkpoints.signing import ManifestSigner, deployment_signer
 from training_platform.checkpoints.storage import LocalStorage, Storage, validate_key
 from training_platform.checkpoints.writer import LEASE_SETTLE_SECONDS, SaveStats, write_checkpoint
 from training_platform.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckpointStore", "Restored", "SaveStats", "open_store"]
+# Stats are round trips on S3 (a HEAD each): a few in flight hide the latency.
+STAT_WORKERS = 8
+
+__all__ = ["CheckpointStore", "Restored", "RunCheckpoints", "SaveStats", "nothing_restores", "open_store"]
 
 
 @dataclass
@@ -41,6 +58,14 @@ class Restored:
     manifest: CheckpointManifest
     state: Any
     skipped: list[tuple[int, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RunCheckpoints:
+    manifests: list[CheckpointManifest]
+    """those that parse, oldest step first"""
+    unreadable: dict[int, str]
+    """step -> why its manifest does not parse (torn or edited)"""
 
 
 @dataclass(frozen=True)
@@ -59,12 +84,15 @@ class CheckpointStore:
         storage: Storage,
         cold: Storage | None = None,
         *,
+        signer: ManifestSigner | None = None,
         lease_settle_seconds: float = LEASE_SETTLE_SECONDS,
     ):
         self.storage = storage
         self.cold = cold
         self.uri = storage.uri
+        self.signer = signer or deployment_signer()
         self.lease_settle_seconds = lease_settle_seconds
+        self._policies: dict[str, RetentionPolicy] = {}
 
     # ----- writing -------------------------------------------------------------------------
     def save(
@@ -84,6 +112,7 @@ class CheckpointStore:
             self.storage,
             run_id,
             step,
+            signer=self.signer,
             skeleton=skeleton,
             blobs=[tensor_blob(t) for t in tensors],
             metrics=metrics,
@@ -99,14 +128,26 @@ class CheckpointStore:
         files: dict[str, Path],
         metrics: dict[str, float] | None = None,
         attributes: dict[str, str | int | float] | None = None,
+        *,
+        weights: dict[str, Any] | None = None,
     ) -> tuple[CheckpointManifest, SaveStats]:
-        """Checkpoint a directory's files (DCP shards, DeepSpeed output) as chunks; manifest last."""
+        """Checkpoint a directory's files (DCP shards, DeepSpeed output) as chunks; manifest last.
+
+        `weights`: the full model weights, stored beside the files as tensors that `load` reads
+        (`{"model": weights}`), for readers that must not parse the framework's files.
+        """
+        from training_platform.checkpoints.serialization import flatten_state, tensor_blob
+
         for name in files:
             validate_key(name)
+        skeleton, tensors = flatten_state({"model": weights}) if weights is not None else (None, [])
         manifest, stats = write_checkpoint(
             self.storage,
             run_id,
             step,
+            signer=self.signer,
+            skeleton=skeleton,
+            blobs=[tensor_blob(t) for t in tensors],
             files=files,
             metrics=metrics,
             attributes=attributes,
@@ -120,9 +161,10 @@ class CheckpointStore:
 
         Raises CheckpointError when the run has a checkpoint of a newer format than this build's.
         """
-        return self._scan(run_id)[0]
+        return self.scan(run_id).manifests
 
-    def _scan(self, run_id: str) -> tuple[list[CheckpointManifest], dict[int, str]]:
+    def scan(self, run_id: str) -> RunCheckpoints:
+        """The run's manifests that parse, and why the others do not (see `list`)."""
         found: dict[int, CheckpointManifest] = {}
         unreadable: dict[int, str] = {}
         newer: dict[int, str] = {}
@@ -141,13 +183,19 @@ class CheckpointStore:
                     log.warning("ignoring checkpoint: %s", reason)
                     unreadable[step] = reason
                     continue
+                if (manifest.run_id, manifest.step) != (run_id, step):  # its signature does not cover where it lies
+                    unreadable[step] = (
+                        f"manifest {tier.uri}/{key} says it is step {manifest.step} of run {manifest.run_id}: "
+                        "a manifest copied or moved from elsewhere is not restored"
+                    )
+                    continue
                 found[manifest.step] = manifest.model_copy(update={"uri": f"{tier.uri}/{key}", "tier": tier_name})
                 unreadable.pop(manifest.step, None)
         if newer:
             # Resuming from an older checkpoint would save over the newer ones: leave the run alone.
             step = max(newer)
             raise CheckpointError(f"run {run_id} has a checkpoint this build cannot read at step {step}: {newer[step]}")
-        return [found[step] for step in sorted(found)], unreadable
+        return RunCheckpoints([found[step] for step in sorted(found)], unreadable)
 
     def run_ids(self) -> list[str]:
         """Every run with at least one manifest on any tier."""
@@ -157,17 +205,18 @@ class CheckpointStore:
         return sorted(runs)
 
     def load(self, manifest: CheckpointManifest) -> Any:
-        """Load and verify one checkpoint; raises CheckpointError naming the bad file."""
+        """Load and verify one checkpoint's state (of a files checkpoint: the weights stored beside its
+        files); raises CheckpointError naming the bad file."""
         self.check_manifest(manifest)
-        if manifest.kind != "state":
+        if manifest.skeleton is None and manifest.kind == "files":
             raise CheckpointError(
-                f"checkpoint {manifest.uri} holds files ({manifest.kind}); restore it with restore_files "
-                "or training_platform.checkpoints.sharded.load_sharded"
+                f"checkpoint {manifest.uri} holds only files ({manifest.attributes.get('format', 'files')}); "
+                "restore it with restore_files or training_platform.checkpoints.sharded.load_sharded"
             )
         from training_platform.checkpoints.reader import ChunkReader, read_tensors
         from training_platform.checkpoints.serialization import unflatten_state
 
-        tiers = self._tiers_for(manifest)
+        tiers = self.tiers_for(manifest)
         skeleton = ChunkReader(tiers).read(manifest.skeleton) if manifest.skeleton else None
         tensors = read_tensors(tiers, manifest)
         if skeleton is None:
@@ -179,7 +228,7 @@ class CheckpointStore:
         from training_platform.checkpoints.reader import ChunkReader
 
         self.check_manifest(manifest)
-        reader = ChunkReader(self._tiers_for(manifest))
+        reader = ChunkReader(self.tiers_for(manifest))
         paths = {}
         for name, ref in manifest.files.items():
             path = Path(dest) / validate_key(name)
@@ -191,10 +240,15 @@ class CheckpointStore:
         return paths
 
     def restore_latest(self, run_id: str) -> Restored | None:
-        """The newest checkpoint whose hashes verify; older ones are tried in turn."""
-        manifests, unreadable = self._scan(run_id)
+        """The newest checkpoint whose hashes verify; older ones are tried in turn.
+
+        None when the run has no checkpoint; raises CheckpointError (see `nothing_restores`) when
+        it has some and none restores.
+        """
+        scan = self.scan(run_id)
+        unreadable = dict(scan.unreadable)
         skipped: list[tuple[int, str]] = []
-        for manifest in reversed(manifests):
+        for manifest in reversed(scan.manifests):
             skipped += sorted(((s, r) for s, r in unreadable.items() if s > manifest.step), reverse=True)
             unreadable = {s: r for s, r in unreadable.items() if s < manifest.step}
             try:
@@ -204,9 +258,18 @@ class CheckpointStore:
                 skipped.append((manifest.step, str(exc)))
                 continue
             return Restored(manifest=manifest, state=state, skipped=skipped)
+        skipped += sorted(unreadable.items(), reverse=True)
+        if skipped:
+            raise nothing_restores(run_id, self.uri, skipped)
         return None
 
     def check_manifest(self, manifest: CheckpointManifest) -> None:
+        """Raise CheckpointError unless the manifest is of this format, matches its own sha256 and is
+        signed with this deployment's key."""
+        self.check_content(manifest)
+        self.signer.verify(manifest)
+
+    def check_content(self, manifest: CheckpointManifest) -> None:
         """Raise CheckpointError unless the manifest is of this format and matches its own sha256."""
         if manifest.format_version not in READABLE_FORMATS:
             raise CheckpointError(
@@ -238,31 +301,84 @@ class CheckpointStore:
         return pins
 
     def apply_retention(self, run_id: str, policy: RetentionPolicy) -> list[int]:
-        """Delete the manifests the policy does not keep (never a pinned one); returns removed steps."""
+        """Delete the manifests the policy does not keep; returns removed steps.
+
+        Never removes a pinned checkpoint or the newest restorable one, and removes nothing when
+        no checkpoint of the run restores (the run fails on restore instead; see restore_latest).
+        """
+        self._record_policy(run_id, policy)
         manifests = self.list(run_id)
-        keep = steps_to_keep(manifests, policy, pinned={pin.step for pin in self.pins(run_id)})
-        removed = [m.step for m in manifests if m.step not in keep]
-        for step in removed:
+        newest = next((m for m in reversed(by_save_time(manifests)) if self.restorable(m)), None)
+        if newest is None:
+            if manifests:
+                log.warning("retention of run %s removes nothing: none of its checkpoints restores", run_id)
+            return []
+        pinned = {pin.step for pin in self.pins(run_id)} | {newest.step}
+        keep = steps_to_keep(manifests, policy, pinned=pinned)
+        removed = [m for m in manifests if m.step not in keep]
+        for manifest in removed:
+            record_removal(self.tier(manifest.tier), manifest, "retention")
             for _, tier in self._tiers_coldest_first():
-                tier.delete(manifest_key(run_id, step))
-        return removed
+                tier.delete(manifest_key(run_id, manifest.step))
+        return [m.step for m in removed]
+
+    def recorded_policy(self, run_id: str) -> RetentionPolicy | None:
+        """The policy retention last applied to the run (None when none was, or it is unreadable)."""
+        try:
+            return RetentionPolicy(**json.loads(self.storage.get(retention_key(run_id))))
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError) as exc:
+            log.warning("retention policy of run %s is unreadable: %s", run_id, exc)
+            return None
+
+    def _record_policy(self, run_id: str, policy: RetentionPolicy) -> None:
+        # Read back when a pin goes (a model version deleted): the run may never save again.
+        if self._policies.get(run_id) != policy:
+            self.storage.put(retention_key(run_id), json.dumps(asdict(policy)).encode(), sync_parent=False)
+            self._policies[run_id] = policy
 
     def prune(self, run_id: str, keep_last: int) -> list[int]:
         """Remove all but the newest ``keep_last`` manifests of a run (pins kept); returns removed steps."""
         return self.apply_retention(run_id, RetentionPolicy(keep_last=keep_last))
 
-    def gc(self, grace_seconds: float = 3600.0) -> GcReport:
-        """Delete chunks no manifest, pin or in-progress save references (hot and cold tiers)."""
-        report = collect_garbage(self.storage, grace_seconds)
+    def gc(self, grace_seconds: float = 3600.0, *, dry_run: bool = False) -> GcReport:
+        """Delete chunks no manifest, pin or in-progress save references (hot and cold tiers).
+
+        `dry_run`: delete nothing and report what would be freed.
+        """
+        report = collect_garbage(self.storage, grace_seconds, dry_run=dry_run)
         if self.cold is not None:
-            report = report.merged(collect_garbage(self.cold, grace_seconds))
+            report = report.merged(collect_garbage(self.cold, grace_seconds, dry_run=dry_run))
         return report
+
+    def restorable(self, manifest: CheckpointManifest) -> bool:
+        """The manifest verifies and every chunk is stored at its size, on one of the tiers.
+
+        What retention can afford after every save (a stat per chunk, no reads): a chunk damaged
+        at the same size is caught, and quarantined, by the first read (reader.py).
+        """
+        try:
+            self.check_manifest(manifest)
+        except CheckpointError:
+            return False
+        tiers = self.tiers_for(manifest)
+
+        def stored(ref: ChunkRef) -> bool:
+            return any((info := tier.stat(chunk_key(ref.digest))) and info.size == ref.size for tier in tiers)
+
+        with ThreadPoolExecutor(max_workers=STAT_WORKERS) as pool:
+            return all(pool.map(stored, manifest.chunks))
 
     # ----- helpers ---------------------------------------------------------------------------
     def _tiers_coldest_first(self) -> list[tuple[str, Storage]]:
         return ([("cold", self.cold)] if self.cold is not None else []) + [("hot", self.storage)]
 
-    def _tiers_for(self, manifest: CheckpointManifest) -> list[Storage]:
+    def tier(self, name: str) -> Storage:
+        return self.cold if name == "cold" and self.cold is not None else self.storage
+
+    def tiers_for(self, manifest: CheckpointManifest) -> list[Storage]:
+        """The tiers to read its chunks from, its own first."""
         tiers = [self.storage] + ([self.cold] if self.cold is not None else [])
         return tiers[::-1] if manifest.tier == "cold" else tiers
 
@@ -272,9 +388,61 @@ class CheckpointStore:
         return manifest.model_copy(update={"uri": f"{self.uri}/{key}", "tier": tier})
 
 
+def nothing_restores(run_id: str, uri: str, skipped: list[tuple[int, str]]) -> CheckpointError:
+    """The error for a run that has checkpoints of which none restores: it must not start over
+    (its next saves and retention would then replace the progress it lost)."""
+    reasons = "; ".join(f"step {step}: {reason}" for step, reason in skipped)
+    return CheckpointError(
+        f"run {run_id} has {len(skipped)} checkpoint{'s' if len(skipped) != 1 else ''} in {uri} and none "
+        f"restores ({reasons}). The run does not start over and nothing was deleted: repair the store "
+        "(README: 'When no checkpoint restores'), or train under a new run id."
+    )
+
+
 def open_store(uri: str | Path, cold_uri: str | None = None) -> CheckpointStore:
-    """A store for a local directory (``/path``, ``file:///path``) or ``s3://bucket/prefix``."""
-    return CheckpointStore(open_storage(uri), open_storage(cold_uri) if cold_uri else None)
+    """A store for a local directory (``/path``, ``file:///path``) or ``s3://bucket/prefix``.
+
+    Without `cold_uri`, the cold tier the store records (`attach_cold_tier`), if any: every job,
+    evaluation and GC of the store then sees the checkpoints tiering moved there.
+    """
+    storage = open_storage(uri)
+    cold_uri = cold_uri or recorded_cold_uri(storage)
+    return CheckpointStore(storage, open_storage(cold_uri) if cold_uri else None)
+
+
+def recorded_cold_uri(storage: Storage) -> str | None:
+    try:
+        raw = storage.get(COLD_TIER_KEY)
+    except FileNotFoundError:
+        return None
+    try:
+        uri = json.loads(raw)["uri"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(
+            f"{storage.uri}/{COLD_TIER_KEY} is unreadable ({exc}): write it again with "
+            'attach_cold_tier (tp gc does, from the lifecycle settings) or delete it if the store has no cold tier'
+        ) from None
+    return str(uri)
+
+
+def attach_cold_tier(storage: Storage, cold_uri: str) -> CheckpointStore:
+    """Record `cold_uri` as the store's cold tier (before anything moves there); returns the store."""
+    cold = open_storage(cold_uri)
+    if cold.uri == storage.uri or cold.uri.startswith(storage.uri + "/") or storage.uri.startswith(cold.uri + "/"):
+        raise CheckpointError(
+            f"cold tier {cold_uri} overlaps the store {storage.uri}: their chunks would be one set, and GC of "
+            "either tier would delete the other's; use a separate directory or prefix"
+        )
+    recorded = recorded_cold_uri(storage)
+    if recorded is not None and recorded != cold_uri:
+        # Its checkpoints would vanish from every reader, and nothing would collect its chunks.
+        raise CheckpointError(
+            f"store {storage.uri} already has the cold tier {recorded}, not {cold_uri}: keep that cold_uri "
+            "in the lifecycle settings, or copy its checkpoints over and edit " + f"{storage.uri}/{COLD_TIER_KEY}"
+        )
+    if recorded is None:
+        storage.put(COLD_TIER_KEY, json.dumps({"uri": cold_uri}).encode())
+    return CheckpointStore(storage, cold)
 
 
 def open_storage(uri: str | Path) -> Storage:

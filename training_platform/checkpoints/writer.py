@@ -32,6 +32,7 @@ from typing import Any
 
 from training_platform.checkpoints.layout import chunk_key, lease_key, manifest_key
 from training_platform.checkpoints.manifest import (
+    MAX_CHUNK_BYTES,
     CheckpointManifest,
     ChunkRef,
     FileRef,
@@ -39,6 +40,7 @@ from training_platform.checkpoints.manifest import (
     TensorRef,
     chunk_digest,
 )
+from training_platform.checkpoints.signing import ManifestSigner
 from training_platform.checkpoints.storage import Storage
 from training_platform.errors import CheckpointError
 
@@ -85,7 +87,8 @@ class _ChunkSink:
         with self._lock:
             duplicate = digest in self._claimed
             self._claimed.add(digest)
-        if duplicate or self.storage.exists(key):
+        # A stored copy of another size is damaged (truncated, zeroed): it is written again.
+        if duplicate or ((stored := self.storage.stat(key)) is not None and stored.size == len(piece)):
             with self._lock:
                 self.stats.bytes_deduplicated += len(piece)
                 if not duplicate:
@@ -116,6 +119,11 @@ def write_chunks(
     workers: int = WRITE_WORKERS,
 ) -> WrittenChunks:
     """Hash, deduplicate and durably write every chunk (in parallel); no manifest yet."""
+    if skeleton is not None and len(skeleton) > MAX_CHUNK_BYTES:  # one chunk, which readers bound
+        raise CheckpointError(
+            f"the state's non-tensor part takes {len(skeleton)} bytes, more than the {MAX_CHUNK_BYTES} a "
+            "checkpoint can hold: keep large data in tensors or numpy arrays"
+        )
     stats = SaveStats()
     sink = _ChunkSink(storage, stats)
     mapped: list[mmap.mmap] = []
@@ -208,9 +216,11 @@ def protect_reused(
     return key
 
 
-def publish(storage: Storage, manifest: CheckpointManifest, leases: Sequence[str | None] = ()) -> CheckpointManifest:
-    """Seal and write the manifest (the moment the checkpoint becomes visible), then drop leases."""
-    manifest = manifest.sealed()
+def publish(
+    storage: Storage, manifest: CheckpointManifest, signer: ManifestSigner, leases: Sequence[str | None] = ()
+) -> CheckpointManifest:
+    """Seal, sign and write the manifest (the moment the checkpoint becomes visible), then drop leases."""
+    manifest = signer.seal(manifest)
     storage.put(manifest_key(manifest.run_id, manifest.step), manifest.model_dump_json(indent=1).encode())
     for lease in leases:
         if lease:
@@ -224,6 +234,7 @@ class StagedCheckpoint:
     the lease settle, re-checks them and publishes the manifest."""
 
     storage: Storage
+    signer: ManifestSigner
     manifest: CheckpointManifest
     stats: SaveStats
     lease: str | None
@@ -250,7 +261,7 @@ class StagedCheckpoint:
                 stall_seconds=stats.stall_seconds,
                 background_seconds=stats.background_seconds,
             )
-            return publish(self.storage, self.manifest, [self.lease])
+            return publish(self.storage, self.manifest, self.signer, [self.lease])
         except Exception:
             if self.lease:  # a lease left behind would keep the chunks from GC for a day
                 with contextlib.suppress(Exception):  # the error that matters is the one raised
@@ -263,6 +274,7 @@ def stage_checkpoint(
     run_id: str,
     step: int,
     *,
+    signer: ManifestSigner,
     skeleton: bytes | None = None,
     blobs: Sequence[Blob] = (),
     files: dict[str, Path] | None = None,
@@ -289,7 +301,7 @@ def stage_checkpoint(
     )
     lease = lease_reused(storage, run_id, step, {ref.digest for ref in manifest.chunks}, written.stats)
     settle = settle_seconds(lease_settle_seconds) if lease else 0.0
-    return StagedCheckpoint(storage, manifest, written.stats, lease, time.monotonic() + settle, started)
+    return StagedCheckpoint(storage, signer, manifest, written.stats, lease, time.monotonic() + settle, started)
 
 
 def write_checkpoint(storage: Storage, run_id: str, step: int, **options: Any) -> tuple[CheckpointManifest, SaveStats]:

@@ -4,7 +4,7 @@ Started by AsyncCheckpointer as ``python -m training_platform.checkpoints.writer
 (a fresh interpreter, not a fork: it shares no locks, threads or rendezvous ports with the
 trainer, so it works under torchrun). It imports no torch. It reads the snapshot from the
 trainer's memfd staging buffer through /proc, writes chunks and the manifest, applies the
-run's retention when asked (`keep_last`), and answers with the manifest or the error. When
+run's retention policy when asked, and answers with the manifest or the error. When
 the trainer goes away its socket closes and this exits, after finishing the saves it took.
 
 Two stages per save: the main loop writes the chunks, then (unless the trainer waits for this
@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
+from training_platform.checkpoints.retention import RetentionPolicy
 from training_platform.checkpoints.store import CheckpointStore
 from training_platform.checkpoints.writer import Blob, StagedCheckpoint, stage_checkpoint
 
@@ -84,7 +85,7 @@ class _Publisher:
 def serve(conn: Connection) -> None:
     init = conn.recv()
     storage, settle = init["storage"], init["lease_settle_seconds"]
-    store = CheckpointStore(storage, init.get("cold"), lease_settle_seconds=settle)
+    store = CheckpointStore(storage, init.get("cold"), signer=init["signer"], lease_settle_seconds=settle)
     staging = _Staging()
     sending = threading.Lock()  # the main loop and the publisher both answer
 
@@ -124,6 +125,7 @@ def _stage(
             store.storage,
             request["run_id"],
             request["step"],
+            signer=store.signer,
             skeleton=request["skeleton"],
             blobs=blobs,
             metrics=request["metrics"],
@@ -142,22 +144,22 @@ def _stage(
             send({"released": request["step"]})
     if staged is None:
         return lambda: failure  # answered in order, after the saves before it
-    return lambda: _publish(staged, store, request["run_id"], request.get("keep_last"))
+    return lambda: _publish(staged, store, request["run_id"], request.get("retention"))
 
 
-def _publish(staged: StagedCheckpoint, store: CheckpointStore, run_id: str, keep_last: int | None) -> dict:
+def _publish(staged: StagedCheckpoint, store: CheckpointStore, run_id: str, retention: dict | None) -> dict:
     manifest = staged.finish()
     reply = {"ok": True, "manifest": manifest.model_dump_json(), "uri": store.storage.uri}
-    if keep_last:
-        reply |= _retain(store, run_id, keep_last)
+    if retention:
+        reply |= _retain(store, run_id, retention)
     return reply
 
 
-def _retain(store: CheckpointStore, run_id: str, keep_last: int) -> dict:
-    """Drop the run's checkpoints beyond the newest `keep_last`, here rather than on the training
+def _retain(store: CheckpointStore, run_id: str, retention: dict) -> dict:
+    """Drop the run's checkpoints its policy does not keep, here rather than on the training
     thread (one prune took 0.2 s there); a failure leaves extra checkpoints only."""
     try:
-        return {"pruned": store.prune(run_id, keep_last)}
+        return {"pruned": store.apply_retention(run_id, RetentionPolicy(**retention))}
     except Exception as exc:
         return {"prune_error": _describe(exc)}
 

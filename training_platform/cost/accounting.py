@@ -1,18 +1,20 @@
 """What a run cost: compute by capacity type, checkpoint storage, data transfer, and work lost to preemptions.
 
-Each finished run appends one record to the cost ledger (``$TP_HOME/cost/ledger.jsonl``); totals per
-team and per sweep are sums over it.
+The cost ledger (``$TP_HOME/cost/ledger.jsonl``) holds one row per attempt of every run (charges.py:
+wall time x price, whatever the attempt's outcome) and one per finished run's checkpoint storage;
+totals per team, sweep, run and day, and team budgets, are sums over it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from training_platform.cost.prices import PriceModel, load_price_model
+from training_platform.cost.prices import CostError, PriceModel, load_price_model
 from training_platform.cost.windows import window_cost
 from training_platform.spec import TrainSpec
 
@@ -36,21 +38,8 @@ class RunCost:
     storage_usd: float
     transfer_gb: float
     transfer_usd: float
-    lost_hours: float
-    lost_work_usd: float
     total_usd: float
     extra: dict = field(default_factory=dict)
-
-    def as_metadata(self) -> dict[str, float | str]:
-        return {
-            "cost_total_usd": round(self.total_usd, 6),
-            "cost_compute_usd": round(self.compute_usd, 6),
-            f"{'gpu' if self.gpu_type else 'cpu'}_hours_{self.capacity}": round(self.accelerator_hours, 6),
-            "cost_storage_usd": round(self.storage_usd, 6),
-            "cost_transfer_usd": round(self.transfer_usd, 6),
-            "cost_lost_work_usd": round(self.lost_work_usd, 6),
-            "lost_hours": round(self.lost_hours, 6),
-        }
 
 
 def run_cost(
@@ -61,17 +50,12 @@ def run_cost(
     checkpoint_bytes: int = 0,
     retention_days: float = 30.0,
     transfer_bytes: int = 0,
-    lost_steps: int = 0,
-    final_step: int | None = None,
     sweep: str | None = None,
     ended: datetime | None = None,
     model: PriceModel | None = None,
 ) -> RunCost:
-    """Price one run: accelerator-hours at the hour-of-week price of when it ran, plus storage and transfer.
-
-    Lost work is the share of compute spent on steps that a preemption threw away (steps after the
-    last checkpoint, recomputed on resume): it is part of compute, shown separately.
-    """
+    """Price compute hours at the hour-of-week price of when they ran, plus storage and transfer (the storage
+    row of a finished run; its attempts are priced one by one in charges.py, with their lost work apart)."""
     model = model or load_price_model()
     ended = (ended or datetime.now(UTC)).astimezone(UTC)
     res = spec.resources
@@ -80,8 +64,6 @@ def run_cost(
     hours = max(train_seconds, 0.0) / 3600.0
     curve = model.curve(gpu_type, res.spot, None)
     compute = window_cost(curve, ended - timedelta(seconds=train_seconds), hours, units) if hours else 0.0
-    steps = final_step or spec.training.max_steps
-    lost_fraction = min(lost_steps / (steps + lost_steps), 1.0) if lost_steps else 0.0
     gb_months = checkpoint_bytes / GB * retention_days / 30.0
     storage = gb_months * model.storage_per_gb_month
     transfer_gb = transfer_bytes / GB
@@ -99,33 +81,49 @@ def run_cost(
         storage_usd=storage,
         transfer_gb=transfer_gb,
         transfer_usd=transfer,
-        lost_hours=hours * units * lost_fraction,
-        lost_work_usd=compute * lost_fraction,
         total_usd=compute + storage + transfer,
     )
 
 
 class CostLedger:
-    """Append-only JSON lines of RunCost records; one line per finished run."""
+    """Append-only JSON lines, one per charge: each attempt of a run (its compute), each finished run's storage.
+
+    A row's `key` names what it charges (`<run id>#<attempt>`, `<checkpoint key>#storage`); `record_once`
+    appends only keys not yet in the ledger, under a lock, so a charge is written once whoever settles it.
+    """
 
     def __init__(self, root: Path):
         self.path = Path(root) / LEDGER
 
     def record(self, cost: RunCost) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # One write of one line: appends from concurrent runs do not interleave on a local disk.
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(asdict(cost)) + "\n")
+        self.record_once([{"key": f"{cost.run_id}#run", **asdict(cost)}])
 
-    def records(self, team: str | None = None, since: datetime | None = None, sweep: str | None = None) -> list[dict]:
+    def record_once(self, rows: list[dict]) -> list[dict]:
+        """Append the rows whose key is not in the ledger yet; returns those written."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released on close; settlers in other processes wait here
+            handle.seek(0)
+            charged = {row_key(row) for row in _parse(handle.read())}
+            new = [row for row in rows if row_key(row) not in charged]
+            if new:
+                handle.write("".join(json.dumps(row) + "\n" for row in new))
+        return new
+
+    def keys(self) -> set[str]:
+        return {row_key(row) for row in self.records()}
+
+    def records(
+        self, team: str | None = None, since: datetime | None = None, sweep: str | None = None, run: str | None = None
+    ) -> list[dict]:
         if not self.path.is_file():
             return []
-        rows = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
         return [
             r
-            for r in rows
+            for r in _parse(self.path.read_text())
             if (team is None or r["team"] == team)
             and (sweep is None or r.get("sweep") == sweep)
+            and (run is None or r["run_id"] == run)
             and (since is None or datetime.fromisoformat(r["at"]) >= since)
         ]
 
@@ -133,16 +131,41 @@ class CostLedger:
         return sum(r["total_usd"] for r in self.records(team=team, since=since))
 
     def totals(self, key: str, since: datetime | None = None, team: str | None = None) -> dict[str, dict[str, float]]:
-        """Sums per `team` or per `sweep`: runs, accelerator-hours, compute, storage, lost work, total."""
-        out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        """Sums per team, sweep, run or day (UTC): runs, attempts, hours, compute, badput, storage, total, goodput."""
+        if key not in GROUPS:
+            raise CostError(f"cannot group spend by {key!r}; use one of: {', '.join(GROUPS)}")
+        rows: dict[str, list[dict]] = defaultdict(list)
         for r in self.records(team=team, since=since):
-            group = r.get(key) or "-"
-            row = out[group]
-            row["runs"] += 1
-            for name in ("accelerator_hours", "compute_usd", "storage_usd", "transfer_usd", "lost_work_usd"):
-                row[name] += r[name]
-            row["total_usd"] += r["total_usd"]
-        return {k: dict(v) for k, v in out.items()}
+            rows[GROUPS[key](r) or "-"].append(r)
+        return {group: summed(members) for group, members in rows.items()}
+
+
+GROUPS = {
+    "team": lambda r: r["team"],
+    "sweep": lambda r: r.get("sweep"),
+    "run": lambda r: r["run_id"],
+    "day": lambda r: datetime.fromisoformat(r["at"]).astimezone(UTC).date().isoformat(),
+}
+SUMMED = ("accelerator_hours", "wall_seconds", "useful_seconds", "compute_usd", "lost_work_usd", "badput_usd",
+          "storage_usd", "transfer_usd", "total_usd")
+
+
+def summed(rows: list[dict]) -> dict[str, float]:
+    """Totals of ledger rows; goodput is effective training time over the wall time of the attempts charged."""
+    out = {name: sum(float(r.get(name) or 0.0) for r in rows) for name in SUMMED}
+    out["runs"] = len({r["run_id"] for r in rows})
+    out["attempts"] = sum(r.get("kind") == "attempt" for r in rows)
+    out["lost_steps"] = sum(int(r.get("lost_steps") or 0) for r in rows)
+    out["goodput"] = out["useful_seconds"] / out["wall_seconds"] if out["wall_seconds"] else None
+    return out
+
+
+def row_key(row: dict) -> str:
+    return row.get("key") or f"{row['run_id']}#run"  # rows written before keys: one per finished run
+
+
+def _parse(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def month_start(at: datetime | None = None) -> datetime:
@@ -150,18 +173,15 @@ def month_start(at: datetime | None = None) -> datetime:
     return at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
-def record_run_cost(
-    home_root: Path, spec: TrainSpec, run_id: str, result: dict, lost_steps: int = 0, sweep: str | None = None
-) -> RunCost:
-    """Price a finished run from its result (train time, checkpoint bytes) and append it to the ledger."""
+def record_storage_cost(
+    home_root: Path, spec: TrainSpec, run_id: str, storage_key: str, result: dict, sweep: str | None = None
+) -> dict:
+    """Charge a finished run's checkpoints once (30 days of their bytes); compute is charged per attempt
+    (charges.py). `storage_key` is the checkpoint key, so a reproduction's own checkpoints are charged too."""
     cost = run_cost(
-        spec,
-        run_id,
-        float(result.get("train_seconds") or 0.0),
-        checkpoint_bytes=sum(int(c.get("bytes") or 0) for c in result.get("checkpoints", [])),
-        lost_steps=lost_steps,
-        final_step=result.get("final_step"),
+        spec, run_id, 0.0, checkpoint_bytes=sum(int(c.get("bytes") or 0) for c in result.get("checkpoints", [])),
         sweep=sweep,
     )
-    CostLedger(Path(home_root) / "cost").record(cost)
-    return cost
+    row = {"key": f"{storage_key}#storage", "kind": "storage", **asdict(cost)}
+    CostLedger(Path(home_root) / "cost").record_once([row])
+    return row

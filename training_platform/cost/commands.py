@@ -84,26 +84,37 @@ def window_command(
 def report_command(
     team: Annotated[str | None, typer.Option("--team", help="only this team")] = None,
     since: Annotated[str | None, typer.Option("--since", help="ISO date; default: start of this month")] = None,
-    by: Annotated[str, typer.Option("--by", help="group by team or sweep")] = "team",
+    by: Annotated[str, typer.Option("--by", help="group by team, sweep, run or day (UTC)")] = "team",
     as_json: JsonFlag = False,
 ) -> None:
-    """Spend per team (or per sweep) from the cost ledger: runs, GPU-hours, compute, storage, lost work."""
+    """Spend from the cost ledger: every attempt of every run (succeeded, preempted, failed, cancelled) at its
+    wall time x price, the badput (paid time that trained nothing kept) and lost work apart, and goodput."""
     try:
-        if by not in ("team", "sweep"):
-            raise CostError(f"--by {by!r}: use team or sweep")
         start = parse_when(since, datetime.now(UTC)) if since else month_start()
         totals = CostLedger(PlatformHome.from_env().root / "cost").totals(by, since=start, team=team)
     except CostError as exc:
         _fail(exc, as_json)
     if as_json:
-        print(json.dumps({"since": start.isoformat(), "by": by, "totals": totals}))
+        everything = summed_totals(totals)
+        print(json.dumps({"since": start.isoformat(), "by": by, "totals": totals, "total": everything}))
         return
-    table = Table(by, "runs", "accel-hours", "compute $", "storage $", "lost work $", "total $",
-                  title=f"spend since {start:%Y-%m-%d}")
+    table = Table(by, "runs", "attempts", "accel-hours", "compute $", "badput $", "lost work $", "storage $",
+                  "total $", "goodput", title=f"spend since {start:%Y-%m-%d}")
     for name, row in sorted(totals.items()):
-        table.add_row(name, f"{row['runs']:.0f}", f"{row['accelerator_hours']:.3f}", f"{row['compute_usd']:.4f}",
-                      f"{row['storage_usd']:.4f}", f"{row['lost_work_usd']:.2f}", f"{row['total_usd']:.4f}")
+        goodput = "-" if row["goodput"] is None else f"{row['goodput']:.1%}"
+        table.add_row(name, f"{row['runs']:.0f}", f"{row['attempts']:.0f}", f"{row['accelerator_hours']:.3f}",
+                      f"{row['compute_usd']:.4f}", f"{row['badput_usd']:.4f}", f"{row['lost_work_usd']:.4f}",
+                      f"{row['storage_usd']:.4f}", f"{row['total_usd']:.4f}", goodput)
     console.print(table)
+
+
+def summed_totals(totals: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The report's grand total: the sum of its groups (runs counted once per group)."""
+    names = ("attempts", "accelerator_hours", "wall_seconds", "useful_seconds", "compute_usd", "badput_usd",
+             "lost_work_usd", "storage_usd", "transfer_usd", "total_usd")
+    out = {name: sum(row[name] for row in totals.values()) for name in names}
+    out["goodput"] = out["useful_seconds"] / out["wall_seconds"] if out["wall_seconds"] else None
+    return out
 
 
 @cost_app.command("breakeven")

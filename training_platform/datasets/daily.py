@@ -14,7 +14,6 @@ day: a model trained as of D is never gated on test rows that an earlier model t
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from datetime import date, timedelta
@@ -28,6 +27,7 @@ import pyarrow.parquet as pq
 from training_platform.datasets.builder import SPLIT_SEED, assign_splits, build_snapshot, encode_parquet, write_snapshot
 from training_platform.datasets.manifest import LABEL, SnapshotManifest
 from training_platform.datasets.sources import RawSource, load_source
+from training_platform.datasets.store import file_sha256
 from training_platform.errors import SnapshotError
 
 LANDING_DIR = "landing"
@@ -128,7 +128,7 @@ def list_drops(landing: Path) -> list[Drop]:
                 f"landing directory {landing} has {len(paths)} drops for {day}: "
                 f"{', '.join(p.name for p in paths)}; keep one file per day"
             )
-        drops.append(Drop(day=day, path=paths[0], sha256=_sha256_of(paths[0])))
+        drops.append(Drop(day=day, path=paths[0], sha256=file_sha256(paths[0])))
     return drops
 
 
@@ -221,10 +221,3 @@ def seed_landing(landing: Path, start: date, days: int, *, source: str = "sklear
         tmp.replace(path)  # a sensor never sees half a drop under its final name
     return list_drops(landing)
 
-
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -34,7 +34,7 @@ def write_shard(root: Path, data: bytes, rows: int) -> ShardRef:
     ref = ShardRef(path=f"{SHARD_DIR}/{sha256}.parquet", rows=rows, bytes=len(data), sha256=sha256)
     path = Path(root) / ref.path
     # Content addressed: same name means same bytes, so only a damaged copy is ever replaced.
-    if not (path.exists() and _sha256_of(path) == sha256):
+    if not (path.exists() and file_sha256(path) == sha256):
         _write_atomic(path, data)
     return ref
 
@@ -101,12 +101,9 @@ def read_shard_bytes(root: Path, snapshot_id: str, ref: ShardRef) -> bytes:
     return data
 
 
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
+def file_sha256(path: Path) -> str:
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -99,11 +99,14 @@ def launch(argv: list[str], workers_from_standby: bool = False) -> None:
     from torch.distributed import run as torchrun
     from torch.distributed.launcher.api import elastic_launch
 
+    from training_platform.launch import loopback_rendezvous
+
+    loopback_rendezvous.register()  # the local launcher's --rdzv-backend
     args = torchrun.parse_args(argv)
     if not args.module or args.no_python:
         raise SystemExit("training_platform.launch.agent runs a module: pass `-m MODULE ARGS` after the flags")
     if args.standalone:
-        raise SystemExit("use --rdzv-backend=c10d --rdzv-endpoint=localhost:0 --rdzv-id=ID instead of --standalone")
+        raise SystemExit("use --rdzv-backend=tp-loopback --rdzv-endpoint=127.0.0.1:0 instead of --standalone")
     args.start_method = "forkserver"
     config, _, _ = torchrun.config_from_args(args)
     if workers_from_standby:

@@ -83,7 +83,10 @@ class LaunchPlan:
         lines += ["command: " + " ".join(self.command)]
         for name, text in self.files.items():
             lines += [f"--- {name}", text.rstrip()]
-        return "\n".join(lines)
+        # Printed by `tp render` and logged by the training asset: never a secret of this process's.
+        from training_platform.redaction import redact
+
+        return redact("\n".join(lines))
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,15 @@ class Launcher(Protocol):
     def cancel(self, handle: JobHandle) -> None: ...
 
     def logs(self, handle: JobHandle) -> str: ...
+
+    def move_to_on_demand(self, handle: JobHandle, spec: TrainSpec) -> str | None:
+        """Move a spot job the engine keeps (requeued, evicted) to on-demand capacity before it runs again;
+        what was done, or None where the backend cannot (a job that is gone is resubmitted instead)."""
+        ...
+
+    def release_requeue_hold(self, handle: JobHandle) -> str | None:
+        """Let a requeued job whose last attempt checkpointed cleanly start at once; what was done, or None."""
+        ...
 
 
 def python_executable() -> str:

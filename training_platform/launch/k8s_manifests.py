@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from training_platform.errors import SpecError
 from training_platform.launch.base import AGENT_MODULE, RunRequest
+from training_platform.redaction import Redactor
+from training_platform.spec import ResourceRequest, TrainSpec
 
 SPEC_MOUNT = "/etc/training-platform"
 RDZV_PORT = 29500
@@ -119,11 +121,16 @@ def check_request(request: RunRequest, config: KubernetesConfig) -> None:
     for name in (namespace_of(request, config), queue_of(request, config), *spec.kubernetes.secret_refs):
         if not _DNS_LABEL.match(name) or len(name) > 63:
             raise SpecError(f"kubernetes: {name!r} is not a valid Kubernetes name; use lowercase letters, digits, -")
-    leaked = sorted(key for key in request.env if _SECRET_NAME.search(key))
+    # By name and by content: MLFLOW_TRACKING_URI=https://user:pass@... has an innocent name.
+    redactor = Redactor()
+    leaked = sorted(
+        key for key, value in request.env.items() if _SECRET_NAME.search(key) or redactor.first_secret(value)
+    )
     if leaked:
         raise SpecError(
-            f"environment {', '.join(leaked)} looks like a secret and would be written into the Job; put it in "
-            "a Kubernetes Secret and name that Secret in kubernetes.secret_refs"
+            f"environment {', '.join(leaked)} holds or looks like a secret and would be written into the Job; put "
+            "it in a Kubernetes Secret and name that Secret in kubernetes.secret_refs (MLflow: "
+            "MLFLOW_TRACKING_USERNAME/PASSWORD from a Secret, not user:password@ in the URI)"
         )
 
 
@@ -136,7 +143,9 @@ def queue_of(request: RunRequest, config: KubernetesConfig) -> str:
 
 
 def render_objects(request: RunRequest, config: KubernetesConfig) -> list[dict[str, Any]]:
-    """ConfigMap (the spec), headless Service (rendezvous) and the Indexed Job, in creation order."""
+    """ConfigMap (the spec), headless Service (rendezvous), NetworkPolicy and the Indexed Job.
+
+    The Job comes last; the launcher creates it first, then the others owned by it."""
     check_request(request, config)
     name = job_name(request.run_id)
     namespace = namespace_of(request, config)
@@ -165,7 +174,23 @@ def render_objects(request: RunRequest, config: KubernetesConfig) -> list[dict[s
             "ports": [{"name": "rendezvous", "port": RDZV_PORT, "targetPort": RDZV_PORT, "protocol": "TCP"}],
         },
     }
-    return [config_map, service, _job(request, config, name, meta)]
+    return [config_map, service, _network_policy(name, meta), _job(request, config, name, meta)]
+
+
+def _network_policy(name: str, meta: dict[str, Any]) -> dict[str, Any]:
+    """Only the Job's own pods reach its pods: the rendezvous store (which unpickles what it reads) and
+    the collectives' ports. deploy/kubernetes/network-policy.yaml denies everything else to training pods."""
+    own_pods = {"matchLabels": {"batch.kubernetes.io/job-name": name}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": meta,
+        "spec": {
+            "podSelector": own_pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": own_pods}]}],
+        },
+    }
 
 
 def _job(request: RunRequest, config: KubernetesConfig, name: str, meta: dict[str, Any]) -> dict[str, Any]:
@@ -265,7 +290,7 @@ def _pod_template(request: RunRequest, config: KubernetesConfig, name: str, meta
     if spec.kubernetes.service_account:
         pod_spec["serviceAccountName"] = spec.kubernetes.service_account
     pod_spec["automountServiceAccountToken"] = False
-    node_selector, tolerations, affinity = _placement(request, config)
+    node_selector, tolerations, affinity = _placement(request.spec.resources, config)
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
     if tolerations:
@@ -284,10 +309,18 @@ def _home_volume(config: KubernetesConfig) -> dict[str, Any]:
     return {"emptyDir": {}}
 
 
+def on_demand_patch(spec: TrainSpec, config: KubernetesConfig) -> dict[str, Any]:
+    """The patch that moves a suspended Job's pods to on-demand nodes: its tolerations and node affinity as an
+    on-demand run's (a suspended Job's scheduling directives are mutable; Kueue admits it again)."""
+    _, tolerations, affinity = _placement(spec.resources.model_copy(update={"spot": False}), config)
+    # Explicit null: a strategic merge would otherwise keep the spot preference beside the new requirement.
+    affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = None
+    return {"spec": {"template": {"spec": {"tolerations": tolerations, "affinity": affinity}}}}
+
+
 def _placement(
-    request: RunRequest, config: KubernetesConfig
+    res: ResourceRequest, config: KubernetesConfig
 ) -> tuple[dict[str, str], list[dict[str, Any]], dict[str, Any]]:
-    res = request.spec.resources
     node_selector = {}
     tolerations: list[dict[str, Any]] = []
     if res.gpus_per_node:

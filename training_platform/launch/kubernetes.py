@@ -18,10 +18,12 @@ from training_platform.launch.k8s_manifests import (
     KubernetesConfig,
     job_name,
     namespace_of,
+    on_demand_patch,
     queue_of,
     render_objects,
 )
 from training_platform.launch.k8s_status import job_status
+from training_platform.spec import TrainSpec
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"
@@ -87,6 +89,11 @@ class KubernetesLauncher:
         api = self._client()
         return client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
 
+    def _networking(self) -> Any:
+        from kubernetes import client
+
+        return client.NetworkingV1Api(self._client())
+
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
 
@@ -122,10 +129,10 @@ class KubernetesLauncher:
     def submit(self, plan: LaunchPlan) -> JobHandle:
         self.check(plan)
         core, batch, _ = self._apis()
-        config_map, service, job = yaml.safe_load_all(plan.files["manifests.yaml"])
+        config_map, service, network_policy, job = yaml.safe_load_all(plan.files["manifests.yaml"])
         namespace = plan.resources["namespace"]
         created = self._call("create the Job", batch.create_namespaced_job, namespace, job)
-        # The ConfigMap and Service belong to the Job: deleting the Job deletes them too.
+        # The ConfigMap, Service and NetworkPolicy belong to the Job: deleting the Job deletes them too.
         owner = {
             "apiVersion": "batch/v1",
             "kind": "Job",
@@ -134,10 +141,12 @@ class KubernetesLauncher:
             "controller": False,
             "blockOwnerDeletion": False,
         }
-        for obj in (config_map, service):
+        for obj in (config_map, service, network_policy):
             obj["metadata"]["ownerReferences"] = [owner]
         self._call("create the spec ConfigMap", core.create_namespaced_config_map, namespace, config_map)
         self._call("create the rendezvous Service", core.create_namespaced_service, namespace, service)
+        networking = self._networking()
+        self._call("create the NetworkPolicy", networking.create_namespaced_network_policy, namespace, network_policy)
         return JobHandle(backend=self.name, job_id=f"{namespace}/{created.metadata.name}", run_id=plan.run_id)
 
     def status(self, handle: JobHandle) -> JobStatus:
@@ -179,6 +188,21 @@ class KubernetesLauncher:
         except ApiException as exc:
             if exc.status != 404:
                 raise LaunchError(f"could not delete Job {handle.job_id}: HTTP {exc.status} {exc.body}") from None
+
+    def move_to_on_demand(self, handle: JobHandle, spec: TrainSpec) -> str | None:
+        """A Job Kueue evicted is suspended until readmitted: patch its pods onto on-demand nodes meanwhile.
+        A running Job is left alone (None): it moves at its next eviction."""
+        _, batch, _ = self._apis()
+        namespace, name = handle.job_id.split("/", 1)
+        job = self._call("read the Job", batch.read_namespaced_job, name, namespace)
+        if not job.spec.suspend:
+            return None
+        self._call("patch the Job", batch.patch_namespaced_job, name, namespace, on_demand_patch(spec, self.config))
+        return f"suspended Job {handle.job_id} moved to on-demand nodes"
+
+    def release_requeue_hold(self, handle: JobHandle) -> str | None:
+        """Kueue readmits an evicted Job by its own backoff and quota; the platform does not hurry it."""
+        return None
 
     def logs(self, handle: JobHandle) -> str:
         """Rank 0's pod log (pod index 0 runs the rendezvous head and global rank 0)."""

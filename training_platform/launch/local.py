@@ -6,10 +6,11 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from training_platform.errors import LaunchError, SpecError
-from training_platform.launch import standby
+from training_platform.launch import loopback_rendezvous, standby
 from training_platform.launch.base import (
     AGENT_MODULE,
     PREEMPTED_EXIT_CODE,
@@ -23,9 +24,14 @@ from training_platform.launch.base import (
     python_executable,
 )
 from training_platform.launch.failures import last_exception
+from training_platform.launch.job_env import job_environment
+from training_platform.spec import TrainSpec
 
 EXIT_CODE_FILE = "exit_code"
 LOG_FILE = "worker.log"
+# A cancelled job's ranks get this long to write their emergency checkpoint before SIGKILL.
+CANCEL_GRACE_S = 8.0
+KILL_WAIT_S = 10.0
 
 
 class LocalLauncher:
@@ -64,9 +70,11 @@ class LocalLauncher:
             python_executable(),
             "-m",
             AGENT_MODULE,
-            # What torchrun's --standalone picks: a rendezvous store this agent hosts on a free port.
-            "--rdzv-backend=c10d",
-            "--rdzv-endpoint=localhost:0",
+            # What torchrun's --standalone picks (a rendezvous store this agent hosts on a free port),
+            # listening on loopback alone: the store unpickles what it reads (loopback_rendezvous.py).
+            f"--rdzv-backend={loopback_rendezvous.BACKEND}",
+            "--rdzv-endpoint=127.0.0.1:0",
+            "--local-addr=127.0.0.1",
             f"--rdzv-id={request.run_id}",
             f"--nproc-per-node={nproc}",
             # A rank that dies restarts the whole group, which resumes from the newest checkpoint.
@@ -96,7 +104,7 @@ class LocalLauncher:
             'while :; do wait "$child"; code=$?; kill -0 "$child" 2>/dev/null || break; done; '
             f'echo "$code" > {EXIT_CODE_FILE}'
         )
-        env = {**os.environ, **plan.env}
+        env = {**job_environment(), **plan.env}  # not the orchestrator's secrets
         try:
             proc = subprocess.Popen(
                 ["/bin/sh", "-c", script, "sh", *plan.command],
@@ -140,11 +148,39 @@ class LocalLauncher:
         where = f"torchrun exited with code {code}; see {log}"
         return JobStatus(JobState.FAILED, f"{cause} ({where})" if cause else where, code)
 
-    def cancel(self, handle: JobHandle) -> None:
+    def move_to_on_demand(self, handle: JobHandle, spec: TrainSpec) -> str | None:
+        """Nothing to move: a preempted local job is gone, and its resume is submitted on on-demand."""
+        return None
+
+    def release_requeue_hold(self, handle: JobHandle) -> str | None:
+        """Nothing holds a local job: its resume is a new submission."""
+        return None
+
+    def cancel(self, handle: JobHandle, grace_s: float = CANCEL_GRACE_S) -> None:
+        """SIGTERM to the job's process group (the ranks write an emergency checkpoint and exit), SIGKILL to
+        whatever is left after `grace_s`; returns once no process of the group is left (or KILL_WAIT_S after the
+        SIGKILL)."""
         pid, workdir = _parse(handle)
         standby.stop(workdir)  # a cancelled run is not requeued: its standby need not wait
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while _group_alive(pid) and time.monotonic() < deadline:
+            self._reap(pid)
+            time.sleep(0.1)
+        if _group_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        deadline = time.monotonic() + KILL_WAIT_S  # a process in uninterruptible I/O goes when its I/O ends
+        while _group_alive(pid) and time.monotonic() < deadline:
+            self._reap(pid)
+            time.sleep(0.05)
+
+    def _reap(self, pid: int) -> None:
+        """Collect the job's shell when this process started it (a zombie keeps its group alive)."""
+        proc = self._procs.get(str(pid))
+        if proc is not None:
+            proc.poll()
 
     def logs(self, handle: JobHandle) -> str:
         _, workdir = _parse(handle)
@@ -155,6 +191,14 @@ class LocalLauncher:
 def _parse(handle: JobHandle) -> tuple[int, Path]:
     pid, _, workdir = handle.job_id.partition(":")
     return int(pid), Path(workdir)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _alive(pid: int) -> bool:

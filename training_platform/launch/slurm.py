@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from training_platform.errors import LaunchError
+from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import (
     AGENT_MODULE,
     PREEMPTED_EXIT_CODE,
@@ -31,7 +31,9 @@ from training_platform.launch.base import (
     RunRequest,
     python_executable,
 )
+from training_platform.launch.job_env import job_environment
 from training_platform.launch.slurm_cluster import ClusterInfo, SlurmCommands, parse_scontrol_record
+from training_platform.spec import TrainSpec
 
 
 class SlurmConfig(BaseModel):
@@ -59,6 +61,12 @@ class SlurmConfig(BaseModel):
     check_cluster: bool = Field(True, description="check partition, nodes and GPUs with scontrol before sbatch")
     command_timeout_s: float = Field(30.0, gt=0, description="timeout of each Slurm client command")
 
+    def partition_for(self, spec: TrainSpec) -> str:
+        return spec.slurm.partition or (self.spot_partition if spec.resources.spot else self.ondemand_partition)
+
+    def qos_for(self, spec: TrainSpec) -> str | None:
+        return spec.slurm.qos or self.qos_by_priority.get(spec.resources.priority)
+
 
 class SlurmLauncher:
     """Plans, submits and watches sbatch jobs."""
@@ -76,8 +84,8 @@ class SlurmLauncher:
         spec = request.spec
         res = spec.resources
         spot_field = "slurm.partition" if spec.slurm.partition else "resources.spot"
-        partition = spec.slurm.partition or (self.config.spot_partition if res.spot else self.config.ondemand_partition)
-        qos = spec.slurm.qos or self.config.qos_by_priority.get(res.priority)
+        partition = self.config.partition_for(spec)
+        qos = self.config.qos_for(spec)
         gres_type = None
         if res.gpu_type:
             gres_type = self.config.gres_type_by_gpu.get(res.gpu_type, res.gpu_type.lower())
@@ -117,9 +125,11 @@ class SlurmLauncher:
         plan.workdir.mkdir(parents=True, exist_ok=True)
         for name, text in plan.files.items():
             (plan.workdir / name).write_text(text)
-        # The environment travels with sbatch (--export=ALL), not in the script, so no secret
-        # the caller passes in RunRequest.env is ever written to disk.
-        result = self.commands.run(plan.command, env=plan.env, check=False)
+        # The environment travels with sbatch (--export=ALL exports what sbatch was given), not in the
+        # script, so no secret the caller passes in RunRequest.env is ever written to disk; sbatch is
+        # given the allow-listed environment, not the orchestrator's (launch/job_env.py).
+        env = {**job_environment(), **plan.env}
+        result = self.commands.run(plan.command, env=env, check=False, inherit=False)
         if result.returncode != 0:
             raise LaunchError(
                 f"sbatch refused run {plan.run_id} (exit {result.returncode}):\n{result.stderr.strip()}\n"
@@ -140,6 +150,21 @@ class SlurmLauncher:
             marker = Path(record.get("WorkDir") or "/nonexistent") / PREEMPTED_MARKER
             return status_from_record(record, preempted_marker=marker.is_file())
         return self._status_from_accounting(handle, result.stderr.strip())
+
+    def release_requeue_hold(self, handle: JobHandle) -> str | None:
+        """Slurm holds a requeued job back about two minutes (Reason=BeginTime); a run whose last attempt
+        wrote its emergency checkpoint loses nothing by starting at once. Followers ask on every poll of a
+        requeued job: slurmctld sets the hold only once the requeue completes, overwriting an earlier update."""
+        result = self.commands.run(["scontrol", "show", "job", "-o", handle.job_id], check=False)
+        if result.returncode != 0 or not result.stdout.strip():
+            return None
+        record = parse_scontrol_record(result.stdout.strip().splitlines()[0])
+        if not held_after_clean_preemption(record, Path(record.get("WorkDir") or "/nonexistent") / PREEMPTED_MARKER):
+            return None
+        update = self.commands.run(["scontrol", "update", f"JobId={handle.job_id}", "StartTime=now"], check=False)
+        if update.returncode != 0:
+            return None
+        return f"Slurm job {handle.job_id}: its last attempt checkpointed cleanly, requeue hold released"
 
     def _status_from_accounting(self, handle: JobHandle, scontrol_error: str) -> JobStatus:
         # slurmctld forgets finished jobs after MinJobAge; only accounting (sacct) remembers them.
@@ -162,6 +187,19 @@ class SlurmLauncher:
 
     def cancel(self, handle: JobHandle) -> None:
         self.commands.run(["scancel", handle.job_id])
+
+    def move_to_on_demand(self, handle: JobHandle, spec: TrainSpec) -> str | None:
+        """A requeued job waits in the queue: its next attempt runs in the on-demand partition."""
+        on_demand = spec.model_copy(update={"resources": spec.resources.model_copy(update={"spot": False})})
+        partition = self.config.ondemand_partition if spec.slurm.partition else self.config.partition_for(on_demand)
+        command = ["scontrol", "update", f"JobId={handle.job_id}", f"Partition={partition}"]
+        result = self.commands.run(command, check=False)
+        if result.returncode != 0:
+            raise LaunchError(
+                f"could not move Slurm job {handle.job_id} to partition {partition!r}: {result.stderr.strip()}; "
+                "check that the partition exists and the job is still pending"
+            )
+        return f"Slurm job {handle.job_id} moved to partition {partition}"
 
     def logs(self, handle: JobHandle) -> str:
         path = self._logs.get(handle.job_id)
@@ -204,6 +242,8 @@ def render_sbatch(
         header.append(f"--qos={resources['qos']}")
     if account:
         header.append(f"--account={account}")
+    for line in header:
+        _check_header(line)
     torchrun = [
         config.python,
         "-m",
@@ -258,6 +298,17 @@ def render_sbatch(
     return "\n".join(lines) + "\n"
 
 
+def _check_header(option: str) -> None:
+    """sbatch reads directives up to the first line that is not one: whitespace in a value would end the
+    line early (or start a command) and hide every directive after it (--requeue, --signal, --output)."""
+    if any(c.isspace() or not c.isprintable() for c in option) or "#" in option:
+        name, _, value = option.partition("=")
+        raise SpecError(
+            f"#SBATCH {name}: {value!r} holds whitespace, '#' or a control character; use a plain name "
+            "(for a run directory: a TP_HOME path without spaces)"
+        )
+
+
 # scontrol JobState -> our state. Pending and running need the restart count to tell a first
 # attempt from a requeued one; see status_from_record. States Slurm comes back from by itself
 # (SIGNALING in a preemption's grace time, SUSPENDED) are not PREEMPTED: callers stop following
@@ -289,6 +340,17 @@ _STATES = {
     "OUT_OF_MEMORY": JobState.FAILED,
     "DEADLINE": JobState.FAILED,
 }
+
+
+def held_after_clean_preemption(record: dict[str, str], marker: Path) -> bool:
+    """A requeued job waiting out Slurm's requeue delay, whose last attempt left its emergency-checkpoint
+    marker (the batch script removes it when an attempt starts, so it is the previous attempt's)."""
+    return (
+        record.get("JobState") == "PENDING"
+        and record.get("Reason") == "BeginTime"
+        and int(record.get("Restarts", "0") or 0) > 0
+        and marker.is_file()
+    )
 
 
 def status_from_record(record: dict[str, str], preempted_marker: bool = False) -> JobStatus:

@@ -53,18 +53,19 @@ class SlurmCommands:
         self.slurm_conf = slurm_conf
         self.timeout_s = timeout_s
 
-    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        env = {**os.environ, **(extra or {})}
+    def env(self, extra: Mapping[str, str] | None = None, inherit: bool = True) -> dict[str, str]:
+        env = {**(os.environ if inherit else {}), **(extra or {})}
         if self.slurm_conf:
             env["SLURM_CONF"] = self.slurm_conf
         return env
 
     def run(
-        self, args: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True
+        self, args: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True, inherit: bool = True
     ) -> subprocess.CompletedProcess[str]:
+        """Run a client command; `inherit=False`: with `env` alone (and SLURM_CONF), for sbatch's job."""
         try:
             result = subprocess.run(
-                list(args), capture_output=True, text=True, env=self.env(env), timeout=self.timeout_s
+                list(args), capture_output=True, text=True, env=self.env(env, inherit), timeout=self.timeout_s
             )
         except FileNotFoundError:
             raise LaunchError(

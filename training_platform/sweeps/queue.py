@@ -1,19 +1,25 @@
-"""Sweeps waiting for their cost window: one JSON file each under `$TP_HOME/sweeps/queue/`.
+"""The platform's sweeps: one JSON file each under `$TP_HOME/sweeps/queue/`.
 
-`tp sweep` queues a sweep whose cheapest window starts later; the hourly release schedule starts
-those whose window has opened. The file holds the validated sweep, its window and its state.
+A sweep is QUEUED until its cost window opens (the hourly release schedule starts it), RUNNING while
+the server's sweep sensor submits its trials, and FINISHED once none runs and none may start. The file
+holds the validated sweep (its snapshot pinned once it runs), its window, its state and the sweep's
+parent MLflow run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from training_platform.cost.windows import CostWindow, cost_window_for
+from training_platform.identifiers import check_run_id, contained
 from training_platform.sweeps.spec import SweepSpec, parse_sweep
 
 
@@ -21,7 +27,10 @@ from training_platform.sweeps.spec import SweepSpec, parse_sweep
 class QueuedSweep:
     sweep: SweepSpec
     window: dict[str, Any]
-    state: str  # QUEUED, RELEASED
+    state: str  # QUEUED, RUNNING, FINISHED
+    parent_mlflow_run_id: str | None = None
+    trials_until: datetime | None = None
+    """the end of the cost window new trials are released in; None: no window"""
 
     @property
     def start(self) -> datetime:
@@ -41,27 +50,58 @@ class SweepQueue:
         self.root = Path(home_root) / "sweeps" / "queue"
 
     def path(self, name: str) -> Path:
-        return self.root / f"{name}.json"
+        # `name` may be a Dagster partition key typed in the UI: one plain name under the queue.
+        return contained(self.root, f"{check_run_id(name, 'sweep name')}.json")
 
     def enqueue(self, sweep: SweepSpec, window: CostWindow) -> QueuedSweep:
         self.root.mkdir(parents=True, exist_ok=True)
-        record = {"sweep": sweep.model_dump(mode="json"), "window": window.as_dict(), "state": "QUEUED"}
-        tmp = self.path(sweep.name).with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=2))
-        tmp.replace(self.path(sweep.name))
+        self._write(sweep.name, {"sweep": sweep.model_dump(mode="json"), "window": window.as_dict(), "state": "QUEUED"})
         return self.get(sweep.name)  # type: ignore[return-value]
+
+    def start(self, sweep: SweepSpec, parent_mlflow_run_id: str, trials_until: datetime | None = None) -> None:
+        """RUNNING, with the sweep as it runs (its snapshot pinned), its parent MLflow run, and the end of the
+        window its trials are released in (None: no window, as with `tp sweep --now`)."""
+        record = json.loads(self.path(sweep.name).read_text())
+        record |= {"sweep": sweep.model_dump(mode="json"), "state": "RUNNING"}
+        record["parent_mlflow_run_id"] = parent_mlflow_run_id
+        record["trials_until"] = trials_until.isoformat() if trials_until else None
+        self._write(sweep.name, record)
+
+    def _write(self, name: str, record: dict[str, Any]) -> None:
+        """Atomically: the sensor reads these files every few seconds."""
+        tmp = self.path(name).with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2))
+        tmp.replace(self.path(name))
 
     def get(self, name: str) -> QueuedSweep | None:
         path = self.path(name)
         if not path.is_file():
             return None
         record = json.loads(path.read_text())
-        return QueuedSweep(parse_sweep(record["sweep"], str(path)), record["window"], record["state"])
+        sweep = parse_sweep(record["sweep"], str(path))
+        until = record.get("trials_until")
+        return QueuedSweep(
+            sweep,
+            record["window"],
+            record["state"],
+            record.get("parent_mlflow_run_id"),
+            datetime.fromisoformat(until) if until else None,
+        )
 
     def all(self) -> list[QueuedSweep]:
         if not self.root.is_dir():
             return []
         return [q for p in sorted(self.root.glob("*.json")) if (q := self.get(p.stem)) is not None]
+
+    @contextlib.contextmanager
+    def locked(self, name: str) -> Iterator[None]:
+        """The sweep to this process alone while the block runs (an exclusive lock on its own lock file)."""
+        with open(self.path(name).with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def due(self, at: datetime) -> list[QueuedSweep]:
         return [q for q in self.all() if q.due(at)]
@@ -69,18 +109,7 @@ class SweepQueue:
     def mark(self, name: str, state: str) -> None:
         path = self.path(name)
         if path.is_file():
-            record = json.loads(path.read_text())
-            record["state"] = state
-            path.write_text(json.dumps(record, indent=2))
-
-
-# Dagster's queued run coordinator runs higher `dagster/priority` first (see deploy/dagster/dagster.yaml).
-PRIORITY_TAGS = {"low": "-10", "normal": "0", "high": "10"}
-
-
-def queue_tags(team: str, priority: str, **extra: str) -> dict[str, str]:
-    """Tags that place a run in the Dagster queue: per-team concurrency (`team`) and priority."""
-    return {"team": team, "dagster/priority": PRIORITY_TAGS[priority], **extra}
+            self._write(name, json.loads(path.read_text()) | {"state": state})
 
 
 def sweep_window(sweep: SweepSpec, now: datetime | None = None) -> CostWindow:

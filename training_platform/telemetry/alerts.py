@@ -1,14 +1,21 @@
 """Alert rules: pure functions over run records, with thresholds in config.
 
 Each rule returns an `Alert` (what is wrong, on which run, what to look at) or None. Per-run
-rules become asset checks on `training_run`; fleet rules (queue wait, failure rate) run in a
-sensor. Nothing here reads clocks or files: callers pass `now` and the records.
+rules become asset checks on `training_run`; the alert sensor evaluates, while they happen, the live
+rules (utilization of a running run, a run stuck in the queue) and the team rules (failure rate over
+a day, an hour's spend against the trailing mean). Nothing here reads clocks or files: callers pass
+`now`, the records and the spend.
+
+Each rule has its own debounce: an utilization alert needs a whole window under the floor, a queue
+alert the whole wait; both fire once per run. A team's failure-rate alert fires at most once per day,
+its spend alert once per hour (`Alert.key`: the sensor delivers each key once).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,8 +32,14 @@ class AlertThresholds(BaseModel):
     utilization_window_s: float = Field(600.0, gt=0, description="... for at least this many seconds")
     data_wait_max_fraction: float = Field(0.10, ge=0, le=1, description="alert when data wait exceeds this share")
     queue_wait_max_s: float = Field(7200.0, gt=0, description="alert when a run waits longer than this to start")
-    failure_rate_max: float = Field(0.05, ge=0, le=1, description="alert when the failure share exceeds this ...")
-    failure_rate_window: int = Field(20, ge=1, description="... over this many most recent finished runs")
+    failure_rate_max: float = Field(0.05, ge=0, le=1, description="alert when a team's failure share exceeds this ...")
+    failure_rate_period_s: float = Field(86400.0, gt=0, description="... among its runs that ended in this period")
+    failure_rate_min_runs: int = Field(20, ge=1, description="finished runs a team needs in the period to be judged")
+    spend_max_ratio: float = Field(2.0, gt=1, description="alert when a team's last hour costs this x its hourly mean")
+    spend_trailing_hours: int = Field(24, ge=1, description="hours before the last one that make the mean")
+    spend_min_history_hours: int = Field(
+        3, ge=1, description="hours with spend a team needs in the trailing window before it is judged"
+    )
     cost_max_ratio: float = Field(3.0, gt=1, description="alert when a run costs more than this x its family median")
     cost_min_family_runs: int = Field(3, ge=1, description="finished runs a family needs before costs are compared")
     checkpoint_overhead_max: float = Field(0.02, ge=0, le=1, description="alert when checkpointing takes this share")
@@ -43,9 +56,18 @@ class Alert:
     value: float
     threshold: float
     severity: str = "WARN"
+    team: str = ""
+    period: str = ""
+    """the debounce period of a team rule (a day, an hour); empty: once per run"""
+
+    @property
+    def key(self) -> str:
+        """What the sensor delivers once: the rule and its run, or its team and period."""
+        return f"{self.rule}:{self.team}:{self.period}" if self.period else f"{self.rule}:{self.run_id}"
 
     def text(self) -> str:
-        return f"[{self.rule}] run {self.run_id}: {self.what}. Look at: {self.look_at}"
+        subject = f"team {self.team}" if self.period else f"run {self.run_id}"
+        return f"[{self.rule}] {subject}: {self.what}. Look at: {self.look_at}"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -136,25 +158,82 @@ def queue_wait(run: RunRecord, th: AlertThresholds, now: float) -> Alert | None:
     )
 
 
-def failure_rate(runs: Sequence[RunRecord], th: AlertThresholds) -> Alert | None:
-    """Share of failures among the most recent finished runs (by end time)."""
-    finished = sorted((r for r in runs if r.finished), key=lambda r: r.ended_at or 0.0)[-th.failure_rate_window :]
-    if len(finished) < th.failure_rate_window:
-        return None
-    failed = [r for r in finished if r.status == "FAILED"]
-    rate = len(failed) / len(finished)
-    if rate <= th.failure_rate_max:
-        return None
-    shown = ", ".join(r.run_id for r in failed[-5:])
-    return Alert(
-        rule="failure_rate",
-        run_id=failed[-1].run_id,
-        what=f"{len(failed)} of the last {len(finished)} runs failed ({rate:.0%}, limit {th.failure_rate_max:.0%})",
-        look_at=f"the failed runs' logs in the Dagster UI ({shown}); a common cause: bad data, an image or a node",
-        value=rate,
-        threshold=th.failure_rate_max,
-        severity="ERROR",
-    )
+def failure_rates(runs: Sequence[RunRecord], th: AlertThresholds, now: float) -> list[Alert]:
+    """Per team, the share of failures among its runs that ended in the last period (a day)."""
+    since = now - th.failure_rate_period_s
+    by_team: dict[str, list[RunRecord]] = defaultdict(list)
+    for run in runs:
+        if run.finished and run.ended_at is not None and run.ended_at >= since:
+            by_team[run.team or "-"].append(run)
+    alerts = []
+    for team, finished in sorted(by_team.items()):
+        if len(finished) < th.failure_rate_min_runs:
+            continue
+        failed = sorted((r for r in finished if r.status == "FAILED"), key=lambda r: r.ended_at or 0.0)
+        rate = len(failed) / len(finished)
+        if rate <= th.failure_rate_max:
+            continue
+        shown = ", ".join(r.run_id for r in failed[-5:])
+        alerts.append(
+            Alert(
+                rule="failure_rate",
+                run_id=failed[-1].run_id,
+                what=f"{len(failed)} of its {len(finished)} runs of the last {th.failure_rate_period_s / 3600:g} h "
+                f"failed ({rate:.0%}, limit {th.failure_rate_max:.0%}); latest {failed[-1].run_id}",
+                look_at=f"the failed runs' logs (`tp logs RUN`: {shown}); a common cause: bad data, an image or a node",
+                value=rate,
+                threshold=th.failure_rate_max,
+                severity="ERROR",
+                team=team,
+                period=_period(now, th.failure_rate_period_s),
+            )
+        )
+    return alerts
+
+
+def spend_spikes(spend: Iterable[tuple[str, float, float]], th: AlertThresholds, now: float) -> list[Alert]:
+    """Per team, the last hour's spend against the mean hour of the trailing window before it.
+
+    `spend`: (team, epoch seconds, dollars) items, such as the cost ledger's records. The mean counts
+    the window's idle hours too: an hour that costs twice a team's usual day-long rate is the signal.
+    """
+    hour = 3600.0
+    start = now - hour - th.spend_trailing_hours * hour
+    last: dict[str, float] = defaultdict(float)
+    trailing: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for team, at, usd in spend:
+        if now - hour < at <= now:
+            last[team] += usd
+        elif start < at <= now - hour:
+            trailing[team][int((at - start) // hour)] += usd
+    alerts = []
+    for team, current in sorted(last.items()):
+        history = trailing.get(team, {})
+        if sum(1 for usd in history.values() if usd > 0) < th.spend_min_history_hours:
+            continue
+        mean = sum(history.values()) / th.spend_trailing_hours
+        if mean <= 0 or current <= th.spend_max_ratio * mean:
+            continue
+        alerts.append(
+            Alert(
+                rule="spend_spike",
+                run_id="-",
+                what=f"spent ${current:.2f} in the last hour, {current / mean:.1f}x its mean ${mean:.2f} per hour "
+                f"over the {th.spend_trailing_hours} h before (limit {th.spend_max_ratio:g}x)",
+                look_at=f"`tp cost report --team {team}` and `tp status --team {team}`: a sweep or retry loop, runs "
+                "on on-demand capacity, or bigger requests than usual",
+                value=current / mean,
+                threshold=th.spend_max_ratio,
+                team=team,
+                period=_period(now, hour),
+            )
+        )
+    return alerts
+
+
+def _period(now: float, seconds: float) -> str:
+    """The debounce bucket `now` falls in, as its start (UTC epoch seconds)."""
+    return str(int(now // seconds * seconds))
 
 
 def cost_outlier(run: RunRecord, runs: Sequence[RunRecord], th: AlertThresholds) -> Alert | None:
@@ -189,7 +268,8 @@ def cost_outlier(run: RunRecord, runs: Sequence[RunRecord], th: AlertThresholds)
 
 
 RUN_RULES = ("low_utilization", "data_wait", "checkpoint_overhead", "cost_outlier", "queue_wait")
-FLEET_RULES = ("failure_rate",)
+LIVE_RULES = ("low_utilization", "queue_wait")
+TEAM_RULES = ("failure_rate", "spend_spike")
 
 
 def evaluate_run(
@@ -205,12 +285,15 @@ def evaluate_run(
     }
 
 
-def evaluate_fleet(runs: Sequence[RunRecord], th: AlertThresholds, now: float) -> list[Alert]:
-    """Fleet rules plus the queue-wait rule of every run still waiting."""
-    alerts = [a for a in [failure_rate(runs, th)] if a is not None]
+def evaluate_live(
+    runs: Sequence[RunRecord], th: AlertThresholds, now: float, spend: Iterable[tuple[str, float, float]] = ()
+) -> list[Alert]:
+    """What is wrong now: team rules, runs still waiting in the queue, running runs idling."""
+    alerts = failure_rates(runs, th, now) + spend_spikes(spend, th, now)
     for run in runs:
-        if run.started_at is None and not run.finished:
-            alert = queue_wait(run, th, now)
-            if alert is not None:
-                alerts.append(alert)
+        if run.finished:
+            continue
+        alert = queue_wait(run, th, now) if run.started_at is None else low_utilization(run, th)
+        if alert is not None:
+            alerts.append(alert)
     return alerts

@@ -77,6 +77,7 @@ class WorkerTelemetry:
         if len(samples) > MAX_FILE_POINTS:
             samples = samples[:: len(samples) // MAX_FILE_POINTS + 1]
         elapsed = self.clock.elapsed()
+        loop_s = self.clock.loop_seconds()
         return {
             "run_id": self.run_id,
             "family": self.spec.name,
@@ -89,6 +90,9 @@ class WorkerTelemetry:
             "device": self.monitor.device if self.monitor else "cpu",
             "step": self.step,
             "max_steps": self.spec.training.max_steps,
+            # This attempt's pace over its training loop: what a deadline is judged by (preemption.py).
+            "steps_per_second": round(self.clock.steps / loop_s, 4) if loop_s > 0 else None,
+            "metrics": self.history[-1][1] if self.history else {},  # the latest reported, for live views
             "utilization": [[round(s.t, 3), s.utilization_pct] for s in samples],
             "data_wait_fraction": round(self.clock.data_wait_s / max(self.clock.loop_seconds(), 1e-9), 4),
             "checkpoint_overhead": round(self.clock.checkpoint_s / max(self.clock.loop_seconds(), 1e-9), 4),

@@ -2,7 +2,7 @@
 
 With `checkpoint.async_save` (the default) the training loop blocks only while the state is
 copied into shared memory; a separate writer process hashes, deduplicates and writes it, then
-applies retention (`keep_last`), so the save does not fight the loop for the GIL. A new save
+applies the run's retention policy, so the save does not fight the loop for the GIL. A new save
 waits until the writer has read the previous one's snapshot, not until that one is published.
 """
 
@@ -12,9 +12,22 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from training_platform.checkpoints import AsyncCheckpointer, CheckpointManifest, CheckpointStore
+from training_platform.checkpoints import AsyncCheckpointer, CheckpointManifest, CheckpointStore, RetentionPolicy
+from training_platform.spec import CheckpointSpec
 
 log = logging.getLogger(__name__)
+
+
+def retention_policy(checkpoint: CheckpointSpec) -> RetentionPolicy:
+    """The spec's retention fields as the store's policy (a checkpoint any rule keeps stays)."""
+    best = checkpoint.keep_best
+    return RetentionPolicy(
+        keep_last=checkpoint.keep_last,
+        keep_best=best.count if best else 0,
+        best_metric=best.metric if best else None,
+        best_mode=best.mode if best else "min",
+        keep_every=checkpoint.keep_every_steps or 0,
+    )
 
 
 class RunCheckpointer:
@@ -23,14 +36,14 @@ class RunCheckpointer:
         store: CheckpointStore,
         key: str,
         *,
-        keep_last: int,
+        retention: RetentionPolicy,
         background: bool,
         on_saved: Callable[[CheckpointManifest], None],
         on_failed: Callable[[int, str], None],
     ):
         self.store = store
         self.key = key
-        self.keep_last = keep_last
+        self.retention = retention
         self.on_saved = on_saved
         self.on_failed = on_failed
         self._saver = AsyncCheckpointer(store, policy="wait") if background else None
@@ -44,13 +57,13 @@ class RunCheckpointer:
     def save(self, step: int, state: Any, metrics: dict[str, float] | None, *, wait: bool) -> None:
         if self._saver is None:
             manifest, _ = self.store.save(self.key, step, state, metrics)
-            self.store.prune(self.key, self.keep_last)
+            self.store.apply_retention(self.key, self.retention)
             self.on_saved(manifest)
             return
         if wait:
-            self._saver.save(self.key, step, state, metrics, keep_last=self.keep_last)
+            self._saver.save(self.key, step, state, metrics, retention=self.retention)
         else:
-            self._saver.save_async(self.key, step, state, metrics, keep_last=self.keep_last)
+            self._saver.save_async(self.key, step, state, metrics, retention=self.retention)
         self._collect()
 
     def poll(self) -> None:

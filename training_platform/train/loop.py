@@ -47,6 +47,7 @@ def train(session: TrainingSession) -> dict:
     meter = StepMeter(cfg.batch_size, data.tokens_per_sample, flops, peak_flops(session.dist.device))
     batches = data.batches(step)
     val_metrics: dict[str, float] = {}
+    final_weights = None
     while step < cfg.max_steps:
         with meter.waiting_for_data(), session.data_wait():  # session: run telemetry, slow-data drills
             inputs, targets = next(batches)
@@ -63,7 +64,10 @@ def train(session: TrainingSession) -> dict:
             session.report(step, metrics | {"epoch": float(data.epoch(step - 1))})
         saved = session.should_checkpoint(step)
         if saved:
-            strategy.save(step, val_metrics)
+            # The last checkpoint also holds the full weights, gathered here on the workers: what the
+            # orchestrator evaluates and registers, without reading shards (or unpickling anything).
+            final_weights = strategy.full_state_dict() if step == cfg.max_steps else None
+            strategy.save(step, val_metrics, final_weights=final_weights)
         if step < cfg.max_steps and session.should_stop():
             if not saved:
                 strategy.save(step, val_metrics)
@@ -71,4 +75,5 @@ def train(session: TrainingSession) -> dict:
 
     if session.dist.is_main:  # the loop's own figures, for benchmarks and `tp` (run telemetry has the rest)
         (session.run_dir / LOOP_SUMMARY).write_text(json.dumps(meter.summary()))
-    return session.finish(strategy.full_state_dict(), step, val_metrics)
+    weights = final_weights if final_weights is not None else strategy.full_state_dict()
+    return session.finish(weights, step, val_metrics)

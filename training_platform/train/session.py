@@ -36,7 +36,7 @@ from training_platform.runlog import RunEvents
 from training_platform.spec import TrainSpec, parse_spec
 from training_platform.telemetry.worker import WorkerTelemetry
 from training_platform.train import distributed, spot_notice
-from training_platform.train.checkpointing import RunCheckpointer
+from training_platform.train.checkpointing import RunCheckpointer, retention_policy
 from training_platform.train.reporting import Reporter
 from training_platform.train.stopping import StopAgreement
 from training_platform.train.weights import weights_sha256
@@ -228,7 +228,7 @@ class TrainingSession:
         return RunCheckpointer(
             self.store,
             self.checkpoint_key,
-            keep_last=self.spec.checkpoint.keep_last,
+            retention=retention_policy(self.spec.checkpoint),
             background=self.spec.checkpoint.async_save,
             on_saved=self._checkpoint_written,
             on_failed=self._checkpoint_failed,
@@ -257,7 +257,11 @@ class TrainingSession:
         self.reporter.info(f"checkpoint step {step} failed in the background: {error}; the next save retries")
 
     def restore(self) -> tuple[dict[str, Any], int] | None:
-        """The newest verified checkpoint of this run, with this rank's RNG state restored."""
+        """The newest verified checkpoint of this run, with this rank's RNG state restored.
+
+        None on a fresh run. Raises CheckpointError, with every checkpoint's reason, when the run
+        has checkpoints and none restores: starting over would save over the progress they hold.
+        """
         restored = self.store.restore_latest(self.checkpoint_key)
         if restored is None:
             return None
@@ -278,7 +282,7 @@ class TrainingSession:
         """Bookkeeping after a strategy's own collective save (sharded DCP, DeepSpeed): main rank only."""
         if not self.dist.is_main:
             return
-        self.store.prune(self.checkpoint_key, self.spec.checkpoint.keep_last)
+        self.store.apply_retention(self.checkpoint_key, retention_policy(self.spec.checkpoint))
         self._measure_save(manifest, seconds)
         self.telemetry.clock.checkpoint_s += seconds
         self.checkpoints.append(manifest.summary())

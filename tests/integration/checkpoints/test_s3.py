@@ -52,6 +52,25 @@ def test_corrupted_object_on_s3_is_named_and_restore_falls_back(s3_server, s3_bu
     assert restored.manifest.step == 1 and big in restored.skipped[0][1]
 
 
+def test_damaged_chunks_on_s3_are_written_again_or_quarantined(s3_server, s3_bucket):
+    store = open_store(f"s3://{s3_bucket}/repair")
+    store.lease_settle_seconds = 0.5
+    first, _ = store.save("r", 1, state(1))
+    big, frozen = (first.tensors[i].chunks[0] for i in (0, 1))
+    client = s3_server.client()
+    client.put_object(Bucket=s3_bucket, Key=f"repair/{chunk_key(frozen.digest)}", Body=b"")  # truncated
+    client.put_object(Bucket=s3_bucket, Key=f"repair/{chunk_key(big.digest)}", Body=bytes(big.size))  # zeroed
+
+    _, stats = store.save("r", 2, state(1))
+    assert stats.bytes_written >= frozen.size and stats.bytes_deduplicated >= big.size  # same size: trusted
+    with pytest.raises(CheckpointError, match=f"{big.digest} does not match its blake3 hash.*quarantined"):
+        store.load(store.list("r")[-1])
+    assert len(store.storage.list("quarantine")) == 1 and not store.storage.exists(chunk_key(big.digest))
+    _, stats = store.save("r", 3, state(1))
+    assert stats.bytes_written >= big.size
+    assert torch.equal(store.restore_latest("r").state["big"], state(1)["big"])
+
+
 def test_async_saves_to_s3_from_a_separate_process(s3_server, s3_bucket):
     store = open_store(f"s3://{s3_bucket}/async")
     with AsyncCheckpointer(store) as checkpointer:
@@ -85,3 +104,39 @@ def test_bad_s3_uris_and_keys_are_refused():
         S3Storage.from_uri("s3:///nobucket")
     with pytest.raises(ValueError, match="invalid storage key"):
         S3Storage("b", "../escape")
+
+
+def test_lifecycle_tiers_old_checkpoints_to_a_colder_class_and_collects_both_tiers(s3_server, s3_bucket, tmp_path):
+    from datetime import datetime, timedelta
+
+    from training_platform.lifecycle.collect import run_lifecycle
+    from training_platform.lifecycle.settings import LifecycleSettings
+    from training_platform.paths import PlatformHome
+
+    hot_uri, cold_uri = f"s3://{s3_bucket}/hot", f"s3://{s3_bucket}/cold?storage_class=STANDARD_IA"
+    store = open_store(hot_uri)
+    store.lease_settle_seconds = 0.5
+    small = {step: {"w": torch.full((50_000,), float(step)), "frozen": torch.arange(50_000.0)} for step in range(1, 5)}
+    for step, state_ in small.items():
+        store.save("r", step, state_)
+    settings = LifecycleSettings(tier_after_days=7, keep_hot_last=1, cold_tiers={hot_uri: cold_uri})
+    home = PlatformHome(tmp_path / "home")
+    later = datetime.fromisoformat(store.list("r")[-1].created_at) + timedelta(days=8)
+    report = run_lifecycle(home, settings, f"sqlite:///{tmp_path}/none.db", grace_seconds=0, now=later)
+
+    [s3_store] = [s for s in report.stores if s.uri == hot_uri]
+    assert s3_store.error is None and s3_store.tiered == {"r": [1, 2, 3]}
+    assert s3_store.gc.by_run["r"].chunks == 3  # the hot copies of three `w` tensors; `frozen` stays for step 4
+    reader = open_store(hot_uri)  # finds its cold tier by itself
+    assert {m.step: m.tier for m in reader.list("r")} == {1: "cold", 2: "cold", 3: "cold", 4: "hot"}
+    cold_chunk = chunk_key(reader.list("r")[0].tensors[0].chunks[0].digest)
+    assert reader.cold.storage_class_of(cold_chunk) == "STANDARD_IA"
+    for manifest in reader.list("r"):
+        assert torch.equal(reader.load(manifest)["w"], small[manifest.step]["w"])
+    # Retention spans both tiers; the next GC frees the cold chunks only the removed ones needed:
+    # three `w` and the cold copy of `frozen` (step 4 reads the hot one).
+    reader.prune("r", keep_last=1)
+    again = run_lifecycle(home, settings, f"sqlite:///{tmp_path}/none.db", grace_seconds=0, now=later)
+    [s3_store] = [s for s in again.stores if s.uri == hot_uri]
+    assert s3_store.gc.by_run["r"].chunks == 4 and [m.step for m in reader.list("r")] == [4]
+    assert torch.equal(reader.restore_latest("r").state["frozen"], small[4]["frozen"])

@@ -1,8 +1,8 @@
-"""The same `training_run` asset on real Slurm: parity with local, and two real spot preemptions."""
+"""The same `training_run` asset on real Slurm: parity with local, and two real spot preemptions, each
+restarting at once (no requeue hold), the second moving the run to on-demand."""
 
 import json
 import threading
-import time
 
 import dagster as dg
 import pytest
@@ -18,6 +18,7 @@ from training_platform.runs import read_result, register_run
 from training_platform.spec import parse_spec
 
 SLURM_WAIT_SECONDS = 240  # a preemption and requeue through slurmctld's scheduling cycle
+RESTART_BOUND_S = 45  # from the emergency checkpoint to the next attempt; Slurm alone would hold it 120 s
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -48,20 +49,18 @@ def _count(events: RunEvents, kind: str) -> int:
     return sum(1 for e in events.read() if e["kind"] == kind)
 
 
-def _preempt_and_release(cluster, events: RunEvents, job_id: str, number: int) -> None:
-    """An on-demand job needs the spot run's CPUs; once Slurm requeued the run, let it start again at once
-    (Slurm holds requeued jobs back two minutes, Reason=BeginTime)."""
+def _preempt(cluster, events: RunEvents, number: int) -> float:
+    """An on-demand job needs the spot run's CPUs; the seconds from the run's emergency checkpoint to its
+    next attempt starting. Nothing here releases Slurm's two-minute hold on the requeued job
+    (Reason=BeginTime): the platform does, having seen the checkpoint."""
     cluster.run("sbatch", "--parsable", "--partition=ondemand", "--ntasks=1", "--output=/dev/null", "--wrap=sleep 1")
     wait_until(lambda: _count(events, "preempted") >= number, SLURM_WAIT_SECONDS, f"preemption {number}")
-    deadline = time.monotonic() + 120
-    while _count(events, "started") <= number and time.monotonic() < deadline:
-        job = cluster.run("scontrol", "show", "job", "-o", job_id).stdout
-        if "JobState=PENDING" in job and "Reason=BeginTime" in job:
-            cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
-        time.sleep(0.3)
     wait_until(
         lambda: _count(events, "first_step") > number, SLURM_WAIT_SECONDS, f"resume after preemption {number}"
     )
+    preempted = [e["at"] for e in events.read() if e["kind"] == "preempted"][number - 1]
+    restarted = [e["at"] for e in events.read() if e["kind"] == "started"][number]
+    return restarted - preempted
 
 
 def test_training_run_on_slurm_survives_two_preemptions_and_matches_local(instance, slurm_cluster):
@@ -76,6 +75,7 @@ def test_training_run_on_slurm_survives_two_preemptions_and_matches_local(instan
             "resources": {"procs_per_node": 2, "spot": True},
             "training": {"max_steps": 3000, "batch_size": 16, "eval_every": 500, "log_every": 20},
             "checkpoint": {"every_steps": 500, "keep_last": 10, "grace_period_seconds": 20},
+            "preemption": {"fallback_to_ondemand_after": 2},
         }
     )
     for run_id in ("on-local", "on-slurm"):
@@ -89,10 +89,16 @@ def test_training_run_on_slurm_survives_two_preemptions_and_matches_local(instan
     worker.start()
     events = RunEvents(home.run_dir("on-slurm"))
     wait_until(lambda: _count(events, "first_step") >= 1, SLURM_WAIT_SECONDS, "the Slurm job to start training")
-    job_id = next(e["job_id"] for e in events.read() if e["kind"] == "submitted")
-    for number in (1, 2):
-        _preempt_and_release(slurm_cluster, events, job_id, number)
+    recoveries = [_preempt(slurm_cluster, events, number) for number in (1, 2)]
     worker.join(timeout=600)
+    # Measured 11.5-12.2 s on a busy 2-core machine (benchmarks/preemption.py --backend slurm has the figures);
+    # the bound leaves room for a busier CI while staying far under Slurm's own 120 s hold.
+    assert all(seconds < RESTART_BOUND_S for seconds in recoveries), f"restarts {recoveries} s after the checkpoint"
+    # After the second preemption (preemption.fallback_to_ondemand_after), the requeued job moved to on-demand.
+    (moved,) = [e for e in events.read() if e["kind"] == "moved_to_on_demand"]
+    assert "2 preemptions on spot" in moved["reason"]
+    job = slurm_cluster.run("scontrol", "show", "job", "-o", moved["job_id"]).stdout
+    assert "Partition=ondemand" in job, job
 
     result = box["result"]
     assert result.success

@@ -11,13 +11,20 @@ same weights as the uninterrupted run, for every strategy.
 
 from __future__ import annotations
 
+import pickle
+import re
 from pathlib import Path
 
 import pytest
+import torch
 
+from tests.fixtures.crafted import Payload
+from tests.fixtures.worker import launch, wait
 from tests.integration.strategies.runs import make_spec, train
 from training_platform.checkpoints import open_store
 from training_platform.datasets import build_snapshot
+from training_platform.launch import JobState
+from training_platform.launch.local import LOG_FILE, LocalLauncher
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -70,6 +77,8 @@ def test_strategies_write_their_own_checkpoint_formats(home, straight):
     assert formats["zero3"] == {("files", "deepspeed")}
     steps = [m.step for m in store.list("straight-zero2")]
     assert steps == [10, 20]
+    for label in ("fsdp", "zero2", "zero3"):  # the final checkpoint also holds the weights its workers gathered
+        assert [m.skeleton is not None for m in store.list(f"straight-{label}")] == [False, True]
 
 
 @pytest.mark.parametrize("label", RESUMED)
@@ -91,3 +100,27 @@ def test_every_format_consolidates_to_the_final_weights(home, straight, label):
     store = open_store(home / "checkpoints")
     final = next(m for m in store.list(f"straight-{label}") if m.step == 20)
     assert weights_sha256(full_model_state(store, final)) == straight[label]["final_weights_sha256"]
+
+
+@pytest.mark.parametrize("label", ["fsdp", "zero2"])
+def test_a_crafted_checkpoint_fails_the_resume_and_never_runs(home, snapshot_id, straight, label, tmp_path):
+    """A checkpoint a job published (so signed) whose DCP metadata or DeepSpeed file is a crafted pickle."""
+    strategy, extra = STRATEGIES[label]
+    store = open_store(home / "checkpoints")
+    final = store.list(f"straight-{label}")[-1]
+    files = store.restore_files(final, tmp_path / "files")
+    marker = tmp_path / "ran"
+    if label == "fsdp":
+        files[".metadata"].write_bytes(pickle.dumps(Payload(marker)))
+    else:
+        torch.save({"module": {}, "rng": Payload(marker)}, files["checkpoint/mp_rank_00_model_states.pt"])
+    store.save_files(f"crafted-{label}", 10, files, attributes=dict(final.attributes))
+
+    launcher = LocalLauncher(visible_gpus=0)
+    spec = make_spec(home, snapshot_id, strategy, **extra)
+    status = wait(launcher, launch(home, f"crafted-{label}", spec, launcher))
+
+    log = (home / "runs" / f"crafted-{label}" / LOG_FILE).read_text()
+    assert status.state == JobState.FAILED, log[-3000:]
+    assert "none restores" in log and re.search(r"refers to (builtins\.)?exec\b", log)
+    assert not marker.exists()

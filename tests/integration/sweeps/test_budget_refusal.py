@@ -14,7 +14,8 @@ TP = str(Path(sys.executable).with_name("tp"))
 
 
 def run_tp(home: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MLFLOW_TRACKING_URI", "TP_BUDGETS")}
+    # The home's own teams file (teams.yaml), which holds the budgets, not the tests' shared one.
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MLFLOW_TRACKING_URI", "TP_TEAMS")}
     env["TP_HOME"] = str(home)
     return subprocess.run([TP, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
@@ -32,7 +33,7 @@ def nothing_queued(home: Path) -> None:
 
 
 def test_sweep_over_budget_is_refused_before_anything_is_queued(tmp_path):
-    (tmp_path / "budgets.yaml").write_text("teams:\n  ml-platform: {monthly_usd: 1}\n")
+    (tmp_path / "teams.yaml").write_text("teams:\n  ml-platform: {monthly_usd: 1}\n")
     proc = run_tp(tmp_path, "sweep", str(ROOT / "examples" / "digits-sweep.yaml"), "--json")  # max_usd: 5
     assert proc.returncode == 2, proc.stderr[-2000:]
     refusal = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -43,7 +44,7 @@ def test_sweep_over_budget_is_refused_before_anything_is_queued(tmp_path):
 
 
 def test_train_over_budget_is_refused_naming_team_budget_and_spend(tmp_path):
-    (tmp_path / "budgets.yaml").write_text("teams:\n  ml-platform: {monthly_usd: 10}\n")
+    (tmp_path / "teams.yaml").write_text("teams:\n  ml-platform: {monthly_usd: 10}\n")
     (tmp_path / "cost").mkdir()
     from datetime import UTC, datetime
 

@@ -5,8 +5,6 @@ Each trial is one process (procs_per_node: 1) and two trials run at once: two co
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import dagster as dg
@@ -15,33 +13,22 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from tests.fixtures.platform import ROOT, last_json, server_logs
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
-ROOT = Path(__file__).resolve().parents[3]
-TP = str(Path(sys.executable).with_name("tp"))
 EXAMPLE = ROOT / "examples" / "digits-sweep.yaml"
 
 
-def run_tp(home: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MLFLOW_TRACKING_URI", "TP_BUDGETS")}
-    env["TP_HOME"] = str(home)
-    return subprocess.run([TP, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-
-
-def last_json(proc: subprocess.CompletedProcess) -> dict:
-    assert proc.stdout.strip(), proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
-def sweep_run(tmp_path_factory):
-    home = tmp_path_factory.mktemp("tp-sweep")
+def sweep_run(platform):
+    home = platform.home
     data = yaml.safe_load(EXAMPLE.read_text())
     data["base"]["training"]["max_steps"] = 60
     data["limits"] = {"max_trials": 12, "parallel_trials": 2}
     path = home / "sweep.yaml"
     path.write_text(yaml.safe_dump(data))
-    proc = run_tp(home, "sweep", str(path), "--json")
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = platform.tp("sweep", str(path), "--json", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:] + server_logs(home)
     return home, last_json(proc)
 
 
@@ -98,7 +85,7 @@ def test_best_trial_spec_is_reported(sweep_run):
     assert reported["training"]["batch_size"] == summary["best_params"]["training.batch_size"]
 
 
-def test_trials_nest_under_the_sweep_mlflow_run_and_costs_add_up(sweep_run):
+def test_trials_nest_under_the_sweep_mlflow_run_and_costs_add_up(sweep_run, platform):
     home, summary = sweep_run
     client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
     parent = client.get_run(summary["parent_mlflow_run_id"])
@@ -107,7 +94,7 @@ def test_trials_nest_under_the_sweep_mlflow_run_and_costs_add_up(sweep_run):
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
     )
     assert len(children) == 12
-    report = last_json(run_tp(home, "cost", "report", "--by", "sweep", "--json"))
+    report = last_json(platform.tp("cost", "report", "--by", "sweep", "--json"))
     row = report["totals"]["digits-lr-sweep"]
     assert row["runs"] == 12
     assert row["total_usd"] > 0 and row["accelerator_hours"] > 0

@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 
 from tests.fixtures.dagster_daemon import daemon_log_tail, running_daemon
+from tests.fixtures.worker import wait_until
 from training_platform.cost.windows import CostWindow
 from training_platform.datasets import build_snapshot
 from training_platform.sweeps import SweepQueue, parse_sweep
@@ -30,7 +31,7 @@ def tiny_sweep(name: str, snapshot_id: str, deadline: datetime):
                  "resources": {"procs_per_node": 1, "spot": True, "priority": "low"},
                  "checkpoint": {"every_steps": 10}},
         "search_space": {"training.learning_rate": {"type": "float", "low": 1e-3, "high": 1e-1, "log": True}},
-        "limits": {"max_trials": 2, "parallel_trials": 1},
+        "limits": {"max_trials": 1, "parallel_trials": 1},
     })
 
 
@@ -66,6 +67,11 @@ def test_the_daemon_releases_a_sweep_in_its_window_and_keeps_a_later_one_waiting
         assert not instance.get_runs(dg.RunsFilter(tags={"sweep": "later-window"}))
         materialization = instance.get_latest_materialization_event(dg.AssetKey("sweep"))
         assert materialization is not None and materialization.asset_materialization.partition == "open-window"
+        # Released, the sweep's trials run as queued training runs until the sweep sensor records it finished.
+        wait_until(lambda: queue.get("open-window").state == "FINISHED", 420,
+                   f"the released sweep to finish; daemon log:\n{daemon_log_tail(tmp_path)}")
+        trials = instance.get_runs(dg.RunsFilter(tags={"sweep": "open-window"}, job_name="training_pipeline"))
+        assert [r.status for r in trials] == [dg.DagsterRunStatus.SUCCESS]
+        assert all(r.tags["team"] == "vision" and r.tags["dagster/priority"] == "-10" for r in trials)
 
-    assert queue.get("open-window").state == "RELEASED"
     assert queue.get("later-window").state == "QUEUED"

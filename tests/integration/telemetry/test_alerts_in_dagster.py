@@ -16,7 +16,7 @@ import pytest
 
 from assets import ALL_ASSETS, ALL_CHECKS
 from definitions import defs
-from resources.alerts import AlertsResource
+from resources.alerts import AlertsResource, webhook_from_environment
 from resources.launcher import LauncherResource
 from resources.platform import PlatformResource
 from sensors.alerts import alert_sensor
@@ -28,7 +28,7 @@ from training_platform.spec import parse_spec
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]
 TP = str(Path(sys.executable).with_name("tp"))
-ALERTS = {"utilization_window_s": 2.0, "failure_rate_window": 3, "failure_rate_max": 0.5}
+ALERTS = {"utilization_window_s": 2.0, "failure_rate_min_runs": 3, "failure_rate_max": 0.5}
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def resources(root: Path) -> dict:
     return {
         "platform": PlatformResource(home=str(root)),
         "launcher": LauncherResource(poll_seconds=0.2),
-        "alerts": AlertsResource(**ALERTS),
+        "alerts": AlertsResource(**ALERTS, webhook_url=webhook_from_environment()),
     }
 
 
@@ -117,7 +117,7 @@ def pipeline(env):
 
         worker = threading.Thread(target=materialize)
         worker.start()
-        watched = watch_running(env, home, run_id, worker)
+        watched = watch_running(env, home, run_id, worker, instance)
         worker.join(timeout=300)
         assert "result" in box, "the training run did not finish in 300 s"
         # Two runs whose snapshot does not exist: refused at preflight, so they fail fast and for real.
@@ -138,8 +138,10 @@ def pipeline(env):
         mp.undo()
 
 
-def watch_running(env: dict, home: PlatformHome, run_id: str, worker: threading.Thread) -> dict:
-    """While the run trains: `tp status --json` rows and a scrape of `tp metrics`."""
+def watch_running(
+    env: dict, home: PlatformHome, run_id: str, worker: threading.Thread, instance: dg.DagsterInstance
+) -> dict:
+    """While the run trains: `tp status --json` rows, a scrape of `tp metrics`, and the alert sensor's tick."""
     port = _free_port()
     metrics = subprocess.Popen(
         [TP, "metrics", "--port", str(port)],
@@ -150,7 +152,7 @@ def watch_running(env: dict, home: PlatformHome, run_id: str, worker: threading.
     )
     seen: dict = {}
     try:
-        while worker.is_alive() and not ("status" in seen and "metrics" in seen):
+        while worker.is_alive() and not ("status" in seen and "metrics" in seen and "alert" in seen):
             telemetry = home.run_dir(run_id) / "telemetry.json"
             if not telemetry.is_file() or json.loads(telemetry.read_text())["step"] < 5:
                 time.sleep(0.2)
@@ -168,6 +170,10 @@ def watch_running(env: dict, home: PlatformHome, run_id: str, worker: threading.
                     body = ""
                 if 'tp_running_jobs{team="qa"} 1.0' in body:
                     seen["metrics"] = body
+            if "alert" not in seen:
+                tick = alert_sensor(dg.build_sensor_context(instance=instance, resources=resources(env["root"])))
+                if not tick.skip_message.startswith("0 new"):
+                    seen["alert"] = {"message": tick.skip_message, "still_training": worker.is_alive()}
     finally:
         metrics.terminate()
         metrics.wait(timeout=20)
@@ -194,6 +200,21 @@ def test_prometheus_endpoint_counts_the_running_run(pipeline):
     assert body is not None, "tp metrics never reported the running run"
     assert 'tp_run_utilization_percent{device="cpu",run_id="slow-run",team="qa"}' in body
     assert 'tp_cost_usd_total{team="qa"}' in body
+
+
+def test_an_idle_run_is_alerted_while_it_trains(pipeline):
+    """The alert sensor, ticking while the slow run trains, flags its utilization: as a run tag and a
+    failed asset check on its partition, before the run ends."""
+    seen = pipeline["watched"].get("alert")
+    assert seen is not None and seen["still_training"], f"no live alert while the run trained: {seen}"
+    instance, run_id = pipeline["instance"], pipeline["run_id"]
+    dagster_run = pipeline["result"].dagster_run
+    tags = instance.get_run_by_id(dagster_run.run_id).tags
+    assert tags["tp/alert/low_utilization"].startswith(f"[low_utilization] run {run_id}: CPU utilization averaged")
+    check_key = dg.AssetCheckKey(dg.AssetKey("training_run"), "low_utilization")
+    evaluations = instance.get_event_records(dg.EventRecordsFilter(dg.DagsterEventType.ASSET_CHECK_EVALUATION))
+    live = [r.event_log_entry.dagster_event.event_specific_data for r in evaluations]
+    assert any(e.asset_check_key == check_key and not e.passed and e.metadata.get("live") for e in live), live
 
 
 def test_alert_checks_warn_on_the_slow_run(pipeline):
@@ -237,7 +258,7 @@ def test_alert_sensor_delivers_each_alert_once(pipeline, env, webhook, monkeypat
     first = alert_sensor(context)
     assert isinstance(first, dg.SkipReason)
     texts = [m["text"] for m in received]
-    assert any(t.startswith("[failure_rate] run broken-2: 2 of the last 3 runs failed") for t in texts), texts
+    assert any(t.startswith("[failure_rate] team qa: 2 of its 3 runs of the last 24 h failed") for t in texts), texts
     assert any(t.startswith("[data_wait] run slow-run:") for t in texts), texts
     assert any(t.startswith("[low_utilization] run slow-run:") for t in texts), texts
     assert not any("checkpoint_overhead" in t for t in texts), texts

@@ -1,31 +1,25 @@
-"""What a person sees: `tp demo`, then `dagster dev` on loopback, opened in headless Chromium.
+"""What a person sees: `tp demo`, then the platform server's UI on loopback, opened in headless Chromium.
 
-Asserts the asset graph shows the five assets, and that the training_run materialization shows
-cost, utilization, the alert checks and the loss-curve plot (rendered as an image). Screenshots
+Asserts the asset graph shows the five assets, that the training_run materialization shows cost,
+utilization, the alert checks and the loss-curve plot (rendered as an image), and that the runs page
+shows the run with its team. Screenshots
 go to test-artifacts/ui/ (or $TP_TEST_ARTIFACTS/ui/).
 
 Needs Debian's `chromium` and `chromium-driver`; as root the test installs them with apt-get,
 otherwise (or when that fails) it skips and says why.
 """
 
-import contextlib
-import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.platform import last_json, server_logs
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]
-BIN = Path(sys.executable).parent
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 # Flags for a sandboxed machine with no network but loopback (see the machine notes).
 CHROMIUM_FLAGS = [
@@ -82,55 +76,16 @@ def browser(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> dict:
-    home = tmp_path_factory.mktemp("tp-home")
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI",)}
-    env |= {"TP_HOME": str(home), "DAGSTER_HOME": str(home / "dagster")}
-    proc = subprocess.run(
-        [str(BIN / "tp"), "demo", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return {"env": env, "summary": json.loads(proc.stdout.strip().splitlines()[-1])}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def demo(platform) -> dict:
+    proc = platform.tp("demo", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:] + server_logs(platform.home)
+    return {"summary": last_json(proc)}
 
 
 @pytest.fixture(scope="module")
-def ui(demo):
-    port = _free_port()
-    log = tempfile.NamedTemporaryFile(prefix="dagster-dev-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen(
-        [str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml"],
-        cwd=ROOT,
-        env=demo["env"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its webserver, daemon and code server stop with it
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/server_info", timeout=5)
-                break
-            except OSError:
-                assert proc.poll() is None, Path(log.name).read_text()[-3000:]
-                assert time.monotonic() < deadline, Path(log.name).read_text()[-3000:]
-                time.sleep(1)
-        yield url
-    finally:
-        # dagster dev shuts its children down on SIGINT; anything left after that is killed.
-        os.killpg(proc.pid, signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=20)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=20)
+def ui(platform, demo) -> str:
+    """The platform server's own UI: what `make ui` opens, where `tp demo` ran."""
+    return platform.url
 
 
 def _open(driver, url: str, must_show: list[str]) -> str:
@@ -183,6 +138,12 @@ def test_training_run_shows_cost_utilization_checks_and_the_loss_curve(browser, 
     )[0]
     WebDriverWait(browser, 30).until(lambda d: d.execute_script("return arguments[0].naturalWidth", image) > 100)
     browser.save_screenshot(str(artifacts / "training_run_loss_curve.png"))
+
+
+def test_the_runs_page_shows_the_run_in_the_queue_with_its_team(browser, ui, demo, artifacts):
+    run_id = demo["summary"]["run_id"]
+    _open(browser, f"{ui}/runs", [run_id, "team: ml-platform", "training_pipeline"])
+    browser.save_screenshot(str(artifacts / "runs.png"))
 
 
 def test_training_run_checks_list_the_alert_rules(browser, ui, demo, artifacts):

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from training_platform.checkpoints import AsyncCheckpointer, open_store
+from training_platform.checkpoints import AsyncCheckpointer, RetentionPolicy, open_store
 
 
 def state(step: int) -> dict:
@@ -124,11 +124,20 @@ def test_the_writer_applies_retention_after_publishing(store):
     store.pin("r", 1, "release candidate")
     with AsyncCheckpointer(store) as checkpointer:
         for step in (1, 2, 3, 4):
-            checkpointer.save_async("r", step, state(step), keep_last=2)
+            checkpointer.save_async("r", step, state(step), retention=RetentionPolicy(keep_last=2))
             checkpointer.wait()
         pruned = [result.pruned for result in checkpointer.results]
     assert pruned == [[], [], [], [2]]  # the newest two stay, and step 1 because it is pinned
     assert [m.step for m in store.list("r")] == [1, 3, 4]
+
+
+def test_the_writer_applies_keep_best_and_keep_every(store):
+    policy = RetentionPolicy(keep_last=1, keep_best=1, best_metric="val_loss", keep_every=4)
+    with AsyncCheckpointer(store) as checkpointer:
+        for step in range(1, 7):
+            checkpointer.save_async("r", step, state(step), {"val_loss": abs(step - 2)}, retention=policy)
+            assert checkpointer.wait().prune_error is None
+    assert [m.step for m in store.list("r")] == [2, 4, 6]  # best, every 4th, last
 
 
 def test_a_started_writer_is_ready_for_the_first_save(store):

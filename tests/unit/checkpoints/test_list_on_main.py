@@ -21,7 +21,7 @@ def _rank(rank: int, init_file: str, store_uri: str, out: str) -> None:
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2, timeout=timedelta(seconds=30)
     )
     try:
-        outcome = {"steps": [m.step for m in list_on_main(open_store(store_uri), "run-a")]}
+        outcome = {"steps": [m.step for m in list_on_main(open_store(store_uri), "run-a").manifests]}
     except Exception as exc:  # noqa: BLE001 - reported to the test
         outcome = {"error": type(exc).__name__, "message": str(exc)}
     Path(f"{out}.{rank}").write_text(json.dumps(outcome))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from training_platform.checkpoints import RetentionPolicy, open_store
-from training_platform.checkpoints.layout import chunk_key
+from training_platform.checkpoints.layout import chunk_key, manifest_key
 from training_platform.checkpoints.retention import steps_to_keep
 
 
@@ -72,7 +72,7 @@ def test_gc_deletes_only_unreferenced_old_chunks(store, tmp_path):
 
 def test_gc_keeps_chunks_listed_in_a_lease(store, tmp_path):
     manifest, _ = store.save("r", 1, state(1))
-    store.prune("r", keep_last=0)
+    store.storage.delete(manifest_key("r", 1))  # retention keeps a run's newest restorable one
     digest = manifest.chunks[0].digest
     store.storage.put("leases/in-progress.json", f'{{"chunks": ["{digest}"]}}'.encode())
     store.gc(grace_seconds=0)
@@ -114,3 +114,21 @@ def test_stale_leases_are_dropped(store, tmp_path):
     os.utime(tmp_path / "store" / "leases" / "old.json", (old, old))
     store.gc(grace_seconds=0)
     assert not store.storage.exists("leases/old.json")
+
+
+def test_a_dry_run_deletes_nothing_and_says_per_run_what_would_go(store, tmp_path):
+    for run in ("a", "b"):
+        for step in (1, 2, 3):
+            store.save(run, step, state(step + (10 if run == "b" else 0)))
+        store.prune(run, keep_last=1)
+    chunks = lambda: {info.key for info in store.storage.list_info("chunks")}  # noqa: E731
+    before = chunks()
+    dry = store.gc(grace_seconds=0, dry_run=True)
+    assert dry.dry_run and chunks() == before
+    assert set(dry.by_run) == {"a", "b"} and dry.by_run["a"].chunks > 0
+    done = store.gc(grace_seconds=0)
+    assert (done.deleted_bytes, {r: vars(f) for r, f in done.by_run.items()}) == (
+        dry.deleted_bytes,
+        {r: vars(f) for r, f in dry.by_run.items()},
+    )
+    assert store.storage.list("removed") == []  # every removed checkpoint's chunks are gone: records too

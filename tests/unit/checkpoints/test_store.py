@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from training_platform.checkpoints import CheckpointStore, open_store
+from training_platform.checkpoints.adopt import adopt_unsigned
 from training_platform.checkpoints.layout import chunk_key, manifest_key
 from training_platform.checkpoints.manifest import ChunkRef
 from training_platform.checkpoints.storage import LocalStorage
@@ -195,6 +196,7 @@ def test_a_format_2_checkpoint_still_restores_and_new_saves_beside_it_use_format
     shutil.copytree(FORMAT_2_STORE, tmp_path / "store")
     store = open_store(tmp_path / "store")
     store.lease_settle_seconds = 0.0
+    assert adopt_unsigned(store, "format2-run").signed == [7]  # written before manifests were signed
     old = store.restore_latest("format2-run")
     assert old.manifest.format_version == 2 and {ref.algorithm for ref in old.manifest.chunks} == {"sha256"}
     assert_same(make_state(0), old.state)
@@ -216,6 +218,7 @@ def test_a_format_2_checkpoint_still_restores_and_new_saves_beside_it_use_format
 def test_a_corrupted_format_2_chunk_is_caught_by_its_sha256(tmp_path):
     shutil.copytree(FORMAT_2_STORE, tmp_path / "store")
     store = open_store(tmp_path / "store")
+    adopt_unsigned(store, "format2-run")
     [manifest] = store.list("format2-run")
     big = next(t for t in manifest.tensors if t.shape == [3000])
     path = tmp_path / "store" / chunk_key(big.chunks[0].digest)
@@ -234,7 +237,7 @@ def test_a_chunk_reference_names_exactly_one_hash():
 
 @pytest.mark.parametrize("shape", ["same", "new"], ids=["parses", "does-not-parse"])
 def test_a_run_with_a_checkpoint_of_a_newer_format_is_left_alone(store, tmp_path, shape):
-    """Resuming from an older checkpoint would save over the newer one; GC could delete its chunks."""
+    """Resuming from an older checkpoint would save over the newer one; GC must keep its chunks."""
     store.save("run-a", 1, make_state(1))
     newer, _ = store.save("run-a", 2, make_state(2))
     only_listed_there = b"a chunk the newer format lists in a field this build does not know"
@@ -250,8 +253,8 @@ def test_a_run_with_a_checkpoint_of_a_newer_format_is_left_alone(store, tmp_path
         store.restore_latest("run-a")
     with pytest.raises(CheckpointError, match=fix):
         store.prune("run-a", keep_last=1)
-    with pytest.raises(RuntimeError, match="GC stopped.*upgrade training_platform"):
-        store.gc(grace_seconds=0)
+    report = store.gc(grace_seconds=0)  # goes on, keeping every chunk the newer manifest names
+    assert "upgrade training_platform" in report.skipped[f"{store.uri}/{manifest_key('run-a', 2)}"]
     assert path.read_text() == text
     for key in [chunk_key(digest)] + [chunk_key(ref.digest) for ref in newer.chunks]:
         assert (tmp_path / "store" / key).exists()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from training_platform.checkpoints import CheckpointStore, open_store
-from training_platform.checkpoints.layout import chunk_key
+from training_platform.checkpoints.layout import chunk_key, manifest_key
 from training_platform.checkpoints.serialization import flatten_state, tensor_blob
 from training_platform.checkpoints.writer import stage_checkpoint, write_checkpoint
 from training_platform.errors import CheckpointError
@@ -27,15 +27,19 @@ def save_parts(seed: int) -> dict:
     return {"skeleton": skeleton, "blobs": [tensor_blob(t) for t in tensors], "lease_settle_seconds": 0.0}
 
 
+def signed(store: CheckpointStore, parts: dict) -> dict:
+    return parts | {"signer": store.signer}
+
+
 def orphaned_chunks(store: CheckpointStore, parts: dict) -> list[str]:
     """Save `parts` as run "old", then drop its manifest: its chunks stay until a GC."""
-    manifest, _ = write_checkpoint(store.storage, "old", 1, **parts)
-    store.prune("old", keep_last=0)
+    manifest, _ = write_checkpoint(store.storage, "old", 1, **signed(store, parts))
+    store.storage.delete(manifest_key("old", 1))  # retention keeps a run's newest restorable one
     return [ref.digest for ref in manifest.chunks]
 
 
 def test_a_staged_save_is_visible_only_once_finished(store):
-    staged = stage_checkpoint(store.storage, "r", 1, **save_parts(0))
+    staged = stage_checkpoint(store.storage, "r", 1, **signed(store, save_parts(0)))
     assert store.list("r") == []
     staged.finish()
     assert [m.step for m in store.list("r")] == [1]
@@ -44,7 +48,7 @@ def test_a_staged_save_is_visible_only_once_finished(store):
 def test_a_reused_chunk_removed_while_the_save_settles_is_written_again(store):
     parts = save_parts(0)
     digests = orphaned_chunks(store, parts)
-    staged = stage_checkpoint(store.storage, "r", 1, **parts)
+    staged = stage_checkpoint(store.storage, "r", 1, **signed(store, parts))
     assert staged.lease and staged.stats.bytes_written == 0  # everything was reused
     for digest in digests:  # a GC that read the leases just before this save's lease appeared
         store.storage.delete(chunk_key(digest))
@@ -55,11 +59,11 @@ def test_a_reused_chunk_removed_while_the_save_settles_is_written_again(store):
 def test_after_the_snapshot_is_released_a_removed_chunk_fails_the_save_and_the_next_writes_it(store):
     parts = save_parts(0)
     digests = orphaned_chunks(store, parts)
-    staged = stage_checkpoint(store.storage, "r", 1, **parts)
+    staged = stage_checkpoint(store.storage, "r", 1, **signed(store, parts))
     staged.release_snapshot()
     store.storage.delete(chunk_key(digests[0]))
     with pytest.raises(CheckpointError, match="deleted by a garbage collection.*next save writes the chunk again"):
         staged.finish()
     assert store.list("r") == [] and store.storage.list("leases") == []  # unpublished, its lease dropped
-    write_checkpoint(store.storage, "r", 2, **parts)
+    write_checkpoint(store.storage, "r", 2, **signed(store, parts))
     assert store.restore_latest("r").manifest.step == 2

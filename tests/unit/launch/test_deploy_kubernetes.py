@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import subprocess
@@ -11,8 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from training_platform.launch.base import AGENT_MODULE
+from training_platform.launch.base import AGENT_MODULE, RunRequest
 from training_platform.launch.k8s_manifests import KubernetesConfig
+from training_platform.launch.kubernetes import KubernetesLauncher
+from training_platform.spec import parse_spec
+from training_platform.team_policy import resolve_team
+from training_platform.teams import Team, TeamsFile
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes"
 # Helm values files are not API objects; they are checked on their own below.
@@ -32,10 +37,16 @@ def _kind(kind: str) -> list[dict]:
     return [doc for doc in _all() if doc["kind"] == kind]
 
 
+def _teams() -> dict[str, Team]:
+    return TeamsFile.model_validate(yaml.safe_load((DEPLOY.parent / "teams.yaml").read_text())).teams
+
+
 def test_manifests_exist():
     names = {p.relative_to(DEPLOY).as_posix() for p in MANIFESTS}
     assert {
         "rbac.yaml",
+        "admission.yaml",
+        "network-policy.yaml",
         "kueue/resource-flavors.yaml",
         "kueue/cluster-queues.yaml",
         "kueue/local-queues.yaml",
@@ -110,6 +121,7 @@ def test_launcher_rbac_is_least_privilege():
     needed = {("batch", "jobs", v) for v in ("create", "get", "delete")} | {
         ("", "configmaps", "create"),
         ("", "services", "create"),
+        ("networking.k8s.io", "networkpolicies", "create"),
         ("", "pods", "list"),
         ("", "pods/log", "get"),
         ("kueue.x-k8s.io", "workloads", "list"),
@@ -117,8 +129,12 @@ def test_launcher_rbac_is_least_privilege():
         ("kueue.x-k8s.io", "localqueues", "list"),
     }
     assert needed <= granted
-    assert not {g for g in granted if g[1] in ("secrets", "*") or g[2] in ("*", "escalate", "bind", "impersonate")}
+    forbidden = {"secrets", "pods/exec", "serviceaccounts", "serviceaccounts/token", "namespaces", "*"}
+    assert not {g for g in granted if g[1] in forbidden or g[2] in ("*", "escalate", "bind", "impersonate")}
+    assert not {g for g in granted if g[1] == "pods" and g[2] not in ("get", "list", "watch")}
+    # Bound in the namespaces of the declared teams, and nowhere else.
     bound = {b["metadata"]["namespace"] for b in _kind("RoleBinding")}
+    assert bound == {team.kubernetes.namespace for team in _teams().values()}
     assert bound == {q["metadata"]["namespace"] for q in _kind("LocalQueue")}
     assert not _kind("ClusterRoleBinding")
 
@@ -196,3 +212,124 @@ def test_training_image_installs_every_package_the_worker_imports():
     installed = {name.lower().replace("_", "-") for name in re.findall(r'"([A-Za-z0-9_.-]+)[=<>~!]', dockerfile)}
     missing = [dist for dist in imported if dist.lower().replace("_", "-") not in installed]
     assert not missing, f"deploy/kubernetes/image/Dockerfile does not install {missing}, which the worker imports"
+
+
+def test_team_namespaces_carry_what_the_teams_file_declares():
+    namespaces = {n["metadata"]["name"]: n["metadata"] for n in _kind("Namespace")}
+    accounts = {(a["metadata"]["namespace"], a["metadata"]["name"]): a for a in _kind("ServiceAccount")}
+    deny_all = {p["metadata"]["namespace"] for p in _kind("NetworkPolicy") if "ingress" not in p["spec"]}
+    for name, team in _teams().items():
+        k8s = team.kubernetes
+        meta = namespaces[k8s.namespace]
+        assert meta["labels"]["training-platform.io/team"] == name
+        annotations = meta["annotations"]
+        assert annotations["training-platform.io/queue"] == k8s.queue
+        assert annotations["training-platform.io/service-account"] == k8s.service_account
+        allowed = {key.split("/", 1)[1] for key in annotations if key.startswith("secrets.training-platform.io/")}
+        assert allowed == set(k8s.secrets)
+        assert accounts[(k8s.namespace, k8s.service_account)]["automountServiceAccountToken"] is False
+        assert k8s.namespace in deny_all  # training pods accept nothing but their own Job's pods
+
+
+# ---- the admission policies, evaluated (cel-python) on what the launcher renders ----------------------------
+LAUNCHER = "system:serviceaccount:dagster:training-launcher"
+
+
+def _policy(name: str) -> dict:
+    (policy,) = [p for p in _kind("ValidatingAdmissionPolicy") if p["metadata"]["name"] == name]
+    assert {b["spec"]["policyName"] for b in _kind("ValidatingAdmissionPolicyBinding")} >= {name}
+    return policy["spec"]
+
+
+def _admits(policy: dict, obj: dict, namespace: dict, user: str = LAUNCHER) -> list[str]:
+    """The messages of the validations that `obj` fails (empty: admitted), as the API server evaluates them."""
+    import celpy
+
+    env = celpy.Environment()
+
+    def run(expression: str, activation: dict):
+        return env.program(env.compile(expression)).evaluate(activation)
+
+    request = {"userInfo": {"username": user}, "kind": {"kind": obj["kind"]}}
+    activation = {"object": obj, "namespaceObject": namespace, "request": request}
+    activation = {key: celpy.json_to_cel(value) for key, value in activation.items()}
+    if not all(run(c["expression"], activation) for c in policy.get("matchConditions", [])):
+        return []
+    variables = {}
+    for variable in policy.get("variables", []):
+        variables[variable["name"]] = run(variable["expression"], {**activation, "variables": variables})
+    activation["variables"] = celpy.celtypes.MapType(variables)
+    return [v["message"] for v in policy["validations"] if not run(v["expression"], activation)]
+
+
+def _rendered(team: str, tmp_path: Path, **fields) -> tuple[dict[str, dict], dict]:
+    teams = tmp_path / "teams.yaml"
+    teams.write_text((DEPLOY.parent / "teams.yaml").read_text())
+    spec = parse_spec({"name": "resnet", "team": team, "owner": "ada", "backend": "k8s", **fields})
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TP_TEAMS", str(teams))
+        spec = resolve_team(spec, tmp_path)
+    plan = KubernetesLauncher().plan(RunRequest(spec=spec, run_id="resnet-1", run_dir=tmp_path / "run"))
+    objects = {o["kind"]: o for o in yaml.safe_load_all(plan.files["manifests.yaml"])}
+    (namespace,) = [n for n in _kind("Namespace") if n["metadata"]["name"] == objects["Job"]["metadata"]["namespace"]]
+    return objects, namespace
+
+
+@pytest.mark.parametrize("team", ["vision", "nlp", "research"])
+def test_admission_lets_the_launcher_create_what_it_renders_for_each_team(team, tmp_path):
+    objects, namespace = _rendered(team, tmp_path, kubernetes={"secret_refs": [f"{team}-s3-credentials"]})
+    assert _admits(_policy("training-launcher-jobs"), objects["Job"], namespace) == []
+    for kind in ("Service", "NetworkPolicy"):
+        assert _admits(_policy("training-launcher-network"), objects[kind], namespace) == []
+
+
+def _edit(obj: dict, path: str, value) -> dict:
+    obj = copy.deepcopy(obj)
+    *parents, last = path.split(".")
+    node = obj
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else node[part]
+    node[last] = value
+    return obj
+
+
+POD = "spec.template.spec"
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "refusal"),
+    [
+        # What the reported cross-team spec asked for, now written straight into a vision Job.
+        (f"{POD}.containers.0.envFrom", [{"secretRef": {"name": "nlp-s3-credentials"}}], "only the Secrets"),
+        (f"{POD}.serviceAccountName", "nlp-trainer", "its namespace's service account"),
+        ("metadata.labels", {"kueue.x-k8s.io/queue-name": "nlp-queue"}, "its namespace's LocalQueue"),
+        (f"{POD}.automountServiceAccountToken", True, "no service account token"),
+        (f"{POD}.volumes", [{"name": "s", "secret": {"secretName": "vision-s3-credentials"}}], "no Secret"),
+        (
+            f"{POD}.containers.0.env",
+            [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "nlp-s3-credentials", "key": "k"}}}],
+            "only the Secrets",
+        ),
+    ],
+)
+def test_admission_refuses_a_launcher_job_beyond_its_namespaces_allowances(tmp_path, path, value, refusal):
+    objects, namespace = _rendered("vision", tmp_path)
+    refused = _admits(_policy("training-launcher-jobs"), _edit(objects["Job"], path, value), namespace)
+    assert any(refusal in message for message in refused), refused
+    # Anyone else's Jobs are none of these policies' business (Kubernetes RBAC governs them).
+    assert _admits(_policy("training-launcher-jobs"), _edit(objects["Job"], path, value), namespace, "alice") == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "value"),
+    [
+        ("Service", "spec.type", "NodePort"),
+        ("Service", "spec.clusterIP", "10.0.0.7"),
+        ("NetworkPolicy", "spec.ingress", [{"from": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}]),
+        ("NetworkPolicy", "spec.ingress", [{"from": [{"namespaceSelector": {}}]}]),
+        ("NetworkPolicy", "spec.ingress", [{"ports": [{"port": 29500}]}]),  # from anywhere
+    ],
+)
+def test_admission_refuses_launcher_objects_that_open_the_rendezvous_port(tmp_path, kind, path, value):
+    objects, namespace = _rendered("vision", tmp_path)
+    assert _admits(_policy("training-launcher-network"), _edit(objects[kind], path, value), namespace)

@@ -42,6 +42,9 @@ class FakeBatch:
     def delete_namespaced_job(self, name, namespace, propagation_policy):
         self.deleted.append((namespace, name, propagation_policy))
 
+    def patch_namespaced_job(self, name, namespace, body):
+        self.patched = (namespace, name, body)
+
 
 class FakeCore:
     def __init__(self, pods=()):
@@ -73,9 +76,18 @@ class FakeCustom:
         return {"items": self.workloads}
 
 
-def _launcher(monkeypatch, core, batch, custom) -> KubernetesLauncher:
+class FakeNetworking:
+    def __init__(self):
+        self.created = []
+
+    def create_namespaced_network_policy(self, namespace, body):
+        self.created.append((namespace, body))
+
+
+def _launcher(monkeypatch, core, batch, custom, networking=None) -> KubernetesLauncher:
     launcher = KubernetesLauncher(api_client=ApiClient())
     monkeypatch.setattr(launcher, "_apis", lambda: (core, batch, custom))
+    monkeypatch.setattr(launcher, "_networking", lambda: networking or FakeNetworking())
     return launcher
 
 
@@ -84,15 +96,17 @@ def _plan(launcher: KubernetesLauncher, **fields):
     return launcher.plan(RunRequest(spec=spec, run_id="resnet-7", run_dir=Path("/runs/resnet-7")))
 
 
-def test_submit_creates_job_then_owned_configmap_and_service(monkeypatch):
-    core, batch = FakeCore(), FakeBatch()
-    launcher = _launcher(monkeypatch, core, batch, FakeCustom())
+def test_submit_creates_job_then_owned_configmap_service_and_network_policy(monkeypatch):
+    core, batch, networking = FakeCore(), FakeBatch(), FakeNetworking()
+    launcher = _launcher(monkeypatch, core, batch, FakeCustom(), networking)
     handle = launcher.submit(_plan(launcher))
     assert handle.job_id == "vision/tp-resnet-7"
     ((namespace, job),) = batch.created
     assert namespace == "vision" and job["kind"] == "Job"
     assert [o["kind"] for o in core.created] == ["ConfigMap", "Service"]
-    for obj in core.created:
+    ((namespace, policy),) = networking.created
+    assert namespace == "vision" and policy["kind"] == "NetworkPolicy"
+    for obj in [*core.created, policy]:
         assert obj["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
 
 
@@ -129,3 +143,24 @@ def test_cancel_deletes_the_job_in_the_foreground_and_then_reads_cancelled(monke
     launcher.cancel(handle)
     assert batch.deleted == [("vision", "tp-resnet-7", "Foreground")]
     assert launcher.status(handle).state is JobState.CANCELLED
+
+
+@pytest.mark.parametrize("suspended", [True, False])
+def test_an_evicted_spot_job_is_moved_to_on_demand_nodes_while_suspended(monkeypatch, suspended):
+    batch = FakeBatch(job=SimpleNamespace(spec=SimpleNamespace(suspend=suspended)))
+    launcher = _launcher(monkeypatch, FakeCore(), batch, FakeCustom())
+    spec = parse_spec({"name": "resnet", "team": "vision", "owner": "ada", "resources": {"spot": True}})
+
+    done = launcher.move_to_on_demand(JobHandle("k8s", "vision/tp-resnet-7", "resnet-7"), spec)
+
+    if not suspended:  # a running Job's pods cannot move; it moves at its next eviction
+        assert done is None and not hasattr(batch, "patched")
+        return
+    namespace, name, body = batch.patched
+    assert (namespace, name) == ("vision", "tp-resnet-7") and "on-demand" in done
+    pod = body["spec"]["template"]["spec"]
+    assert not [t for t in pod["tolerations"] if "spot" in t["key"]]
+    affinity = pod["affinity"]["nodeAffinity"]
+    (term,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"][0]["operator"] == "NotIn" and term["matchExpressions"][0]["values"] == ["spot"]
+    assert affinity["preferredDuringSchedulingIgnoredDuringExecution"] is None  # the spot preference removed

@@ -40,7 +40,7 @@ def _objects(run_id: str, **fields) -> dict[str, dict]:
 @pytest.mark.parametrize("name", SPECS)
 def test_every_rendered_object_validates(name, validate_k8s):
     objects = _objects(name, **SPECS[name])
-    assert set(objects) == {"ConfigMap", "Service", "Job"}
+    assert set(objects) == {"ConfigMap", "Service", "NetworkPolicy", "Job"}
     for obj in objects.values():
         validate_k8s(obj)
 
@@ -127,7 +127,7 @@ def test_secrets_are_referenced_never_inlined():
     objects = _objects("sec", **SPECS["h100-4x8-same-block"])
     container = objects["Job"]["spec"]["template"]["spec"]["containers"][0]
     assert container["envFrom"] == [{"secretRef": {"name": "mlflow-credentials"}}]
-    with pytest.raises(SpecError, match="AWS_SECRET_ACCESS_KEY looks like a secret.*kubernetes.secret_refs"):
+    with pytest.raises(SpecError, match="AWS_SECRET_ACCESS_KEY holds or looks like a secret.*kubernetes.secret_refs"):
         KubernetesLauncher().plan(_request("leak", env={"AWS_SECRET_ACCESS_KEY": "hunter2"}))
 
 
@@ -162,3 +162,15 @@ def test_job_names_fit_pod_hostnames():
 def test_plan_renders_without_a_cluster_or_client():
     text = KubernetesLauncher().plan(_request("print", **SPECS["cpu-1-node"])).render()
     assert "kind: Job" in text and "backend: k8s" in text
+
+
+def test_the_rendezvous_port_admits_only_the_jobs_own_pods():
+    objects = _objects("rdzv", **SPECS["gpu-2x4-spot"])
+    policy, job = objects["NetworkPolicy"], objects["Job"]
+    own_pods = {"batch.kubernetes.io/job-name": job["metadata"]["name"]}
+    assert policy["metadata"]["namespace"] == job["metadata"]["namespace"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": own_pods} and policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": own_pods}}]  # no namespace or address peers
+    rendezvous = job["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    assert "ports" not in rule and rendezvous == 29500  # rendezvous and collectives, from these pods alone

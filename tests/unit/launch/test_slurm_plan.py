@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from training_platform.errors import LaunchError, SpecError
-from training_platform.launch.base import JobState, RunRequest
+from training_platform.launch.base import JobHandle, JobState, RunRequest
 from training_platform.launch.slurm import SlurmConfig, SlurmLauncher, status_from_record
 from training_platform.launch.slurm_cluster import ClusterInfo, gpus_in_gres, parse_records, parse_scontrol_record
 from training_platform.spec import parse_spec
@@ -232,3 +232,67 @@ def test_worker_marker_turns_a_failed_exit_into_preempted():
     # torchrun reports 1 whatever its workers exited with; the worker's marker file says why.
     status = status_from_record({"JobState": "FAILED", "ExitCode": "1:0"}, preempted_marker=True)
     assert status.state is JobState.PREEMPTED and "emergency checkpoint" in status.reason
+
+
+@pytest.mark.parametrize("field", ["partition", "qos", "account"])
+def test_an_injected_slurm_directive_is_refused_at_the_spec(field):
+    # The reported attack: a newline ends the #SBATCH line, the rest runs as a command and sbatch
+    # stops reading directives there (--requeue, --signal, --output are lost).
+    with pytest.raises(SpecError, match=rf"^spec: slurm\.{field}: is not allowed") as refused:
+        parse_spec({"name": "a", "team": "b", "owner": "c", "slurm": {field: "gpu\ntouch x"}})
+    assert len(str(refused.value).splitlines()) == 1
+
+
+def test_the_script_refuses_a_header_value_that_would_end_its_line(tmp_path):
+    # The operator's own settings reach the header too; nothing past a newline may be written.
+    config = SlurmConfig(spot_partition="spot\ntouch /tmp/x", qos_by_priority={"normal": "normal"})
+    with pytest.raises(SpecError, match=r"#SBATCH --partition: 'spot\\ntouch /tmp/x'"):
+        _script(tmp_path, config, resources={"spot": True})
+    with pytest.raises(SpecError, match="#SBATCH --chdir"):
+        SlurmLauncher().plan(
+            RunRequest(spec=_request(tmp_path).spec, run_id="r", run_dir=tmp_path / "my run", env={})
+        )
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_a_requeued_job_is_released_from_the_hold_only_after_a_clean_emergency_checkpoint(
+    tmp_path, monkeypatch, checkpointed
+):
+    workdir = tmp_path / "my run"
+    workdir.mkdir()
+    if checkpointed:
+        (workdir / "preempted.json").write_text('{"step": 40}')
+    record = REQUEUED_JOB.replace("/tmp/runs/my run", str(workdir))
+    calls = tmp_path / "scontrol-calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        f'#!/bin/sh\necho "$@" >> "{calls}"\n[ "$1" = show ] && echo "{record}"\nexit 0\n'
+    )
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    launcher = SlurmLauncher(SlurmConfig(check_cluster=False))
+    handle = JobHandle("slurm", "11", "resnet-7")
+
+    assert launcher.status(handle).state is JobState.REQUEUED
+    assert "update" not in calls.read_text()  # reading the state changes nothing
+    done = launcher.release_requeue_hold(handle)
+    released = "update JobId=11 StartTime=now" in calls.read_text()
+    assert released is checkpointed
+    assert (done is not None and "hold released" in done) is checkpointed
+
+
+def test_a_requeued_job_moves_to_the_on_demand_partition(tmp_path, monkeypatch):
+    calls = tmp_path / "scontrol-calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\nexit 0\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    spec = _request(tmp_path, resources={"spot": True}).spec
+
+    done = SlurmLauncher(SlurmConfig(check_cluster=False)).move_to_on_demand(JobHandle("slurm", "11", "r"), spec)
+
+    assert calls.read_text().strip() == "update JobId=11 Partition=ondemand"
+    assert done == "Slurm job 11 moved to partition ondemand"

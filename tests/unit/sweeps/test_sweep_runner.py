@@ -6,13 +6,15 @@ report each validation, stop when pruned) on a synthetic learning curve, without
 
 import json
 import math
+from datetime import UTC, datetime, timedelta
 
 import optuna
 import pytest
 
 from training_platform.errors import SpecError
 from training_platform.paths import PlatformHome
-from training_platform.sweeps import TrialContext, parse_sweep, run_sweep
+from training_platform.sweeps import SweepDriver, TrialContext, parse_sweep, run_sweep
+from training_platform.sweeps.driver import RunState, TrialRun
 from training_platform.sweeps.trial import TrialPruning
 
 BASE = {"name": "digits", "team": "vision", "owner": "me", "training": {"max_steps": 90, "eval_every": 10}}
@@ -121,3 +123,20 @@ def test_hyperband_and_median_prune_through_the_worker_protocol(tmp_path, pruner
     result = run_sweep(parse_sweep(sweep_data(pruner=pruner, limits={"max_trials": 10})), home, curve_trial(home))
     assert len(result.trials) == 10 and result.counts()["PRUNED"] >= 2, result.counts()
     assert result.best is not None
+
+
+def test_no_trial_is_released_after_the_sweeps_cost_window_ends(tmp_path):
+    home = PlatformHome(tmp_path).ensure()
+    sweep = parse_sweep(sweep_data(limits={"max_trials": 4, "parallel_trials": 2}))
+    now = datetime.now(UTC)
+    unknown = lambda run_id: RunState(TrialRun.UNKNOWN)  # noqa: E731
+
+    SweepDriver.start(sweep, home)
+    open_window = SweepDriver(sweep, home, trials_until=now + timedelta(hours=1)).step(unknown)
+    assert len(open_window.launch) == 2 and open_window.result is None
+
+    closed = SweepDriver(sweep, home, trials_until=now - timedelta(seconds=1)).step(
+        lambda run_id: RunState(TrialRun.FINISHED)
+    )
+    assert closed.launch == [] and closed.result is not None
+    assert closed.result.stopped_by == "window_closed" and len(closed.result.trials) == 2

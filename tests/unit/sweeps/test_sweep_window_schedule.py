@@ -1,5 +1,6 @@
 """The hourly schedule releases a queued sweep only inside its cost window; the shipped instance config loads."""
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -7,7 +8,10 @@ import dagster as dg
 import pytest
 import yaml
 
-from sensors.sweep_windows import sweep_window_schedule
+from sensors.sweep_windows import run_window_schedule, sweep_window_schedule
+from training_platform.run_windows import RunWindowQueue, run_window
+from training_platform.run_windows import waits_for_window as run_waits_for_window
+from training_platform.spec import parse_spec
 from training_platform.sweeps import SweepQueue, parse_sweep
 from training_platform.sweeps.queue import sweep_window, waits_for_window
 
@@ -66,9 +70,51 @@ def test_shipped_instance_config_queues_runs_with_per_team_limits(tmp_path, monk
     (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(config))
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
     with dg.DagsterInstance.get() as instance:
-        assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
+        assert isinstance(instance.run_coordinator, dg.QueuedRunCoordinator)
         queue = instance.get_concurrency_config().run_queue_config
         team = next(rule for rule in queue.tag_concurrency_limits if rule["key"] == "team")
         assert team["value"] == {"applyLimitPerUniqueValue": True}
         # Three teams at their limits fit in the global cap: no team can take every slot.
         assert 3 * team["limit"] <= queue.max_concurrent_runs
+
+
+def gpu_run(deadline: datetime | None):
+    return parse_spec({
+        "name": "llm", "team": "nlp", "owner": "me",
+        "cost": {"expected_hours": 3, "deadline": deadline.isoformat() if deadline else None},
+        "resources": {"procs_per_node": 8, "gpus_per_node": 8, "gpu_type": "H100", "spot": True},
+    })
+
+
+def test_a_run_with_a_deadline_waits_for_its_cheapest_window():
+    window = run_window(gpu_run(MONDAY_PEAK + timedelta(days=2)), now=MONDAY_PEAK)
+    assert window.start > MONDAY_PEAK and window.end <= MONDAY_PEAK + timedelta(days=2)
+    assert window.gpu_hours == 3 * 8 and window.saving > 0
+    assert run_waits_for_window(window, MONDAY_PEAK) and not run_waits_for_window(window, window.start)
+    assert run_window(gpu_run(None), now=MONDAY_PEAK) is None and not run_waits_for_window(None, MONDAY_PEAK)
+
+
+def test_the_schedule_submits_a_waiting_run_once_in_its_window(tmp_path, monkeypatch):
+    monkeypatch.setenv("TP_HOME", str(tmp_path))
+    spec = gpu_run(MONDAY_PEAK + timedelta(days=2))
+    waiting = RunWindowQueue(tmp_path).enqueue("llm-1", spec, {"team": "nlp"}, run_window(spec, now=MONDAY_PEAK))
+    with dg.instance_for_test() as instance:
+        early = run_window_schedule(
+            dg.build_schedule_context(instance=instance, scheduled_execution_time=waiting.start - timedelta(hours=1))
+        )
+        assert isinstance(early, dg.SkipReason) and "llm-1 at" in early.skip_message
+
+        (request,) = run_window_schedule(
+            dg.build_schedule_context(instance=instance, scheduled_execution_time=waiting.start)
+        )
+        assert request.partition_key == "llm-1" and request.tags["team"] == "nlp"
+        assert parse_spec(json.loads(request.run_config["ops"]["training_run"]["config"]["spec"])) == spec
+
+        # Released: a run with its partition and window exists, so the next hour's tick does not submit it again.
+        instance.create_run_for_job(
+            dg.GraphDefinition("placeholder").to_job(), tags={**request.tags, "dagster/partition": "llm-1"}
+        )
+        later = run_window_schedule(
+            dg.build_schedule_context(instance=instance, scheduled_execution_time=waiting.start + timedelta(hours=1))
+        )
+        assert isinstance(later, dg.SkipReason)

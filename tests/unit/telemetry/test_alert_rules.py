@@ -7,11 +7,12 @@ from training_platform.telemetry.alerts import (
     checkpoint_overhead,
     cost_outlier,
     data_wait,
-    evaluate_fleet,
+    evaluate_live,
     evaluate_run,
-    failure_rate,
+    failure_rates,
     low_utilization,
     queue_wait,
+    spend_spikes,
 )
 from training_platform.telemetry.records import RunRecord
 
@@ -81,22 +82,53 @@ def test_queue_wait_for_started_and_still_queued_runs():
     assert queue_wait(failed_before_start, TH, now=5 * HOUR) is None
 
 
-def _finished(n_ok: int, n_failed: int) -> list[RunRecord]:
-    runs = [RunRecord(f"ok-{i}", status="SUCCEEDED", ended_at=float(i)) for i in range(n_ok)]
-    runs += [RunRecord(f"bad-{i}", status="FAILED", ended_at=100.0 + i) for i in range(n_failed)]
+DAY = 24 * HOUR
+NOW = 10 * DAY
+
+
+def _finished(n_ok: int, n_failed: int, team: str = "vision", ended: float = NOW - HOUR) -> list[RunRecord]:
+    runs = [RunRecord(f"{team}-ok-{i}", team=team, status="SUCCEEDED", ended_at=ended + i) for i in range(n_ok)]
+    failed = range(n_failed)
+    runs += [RunRecord(f"{team}-bad-{i}", team=team, status="FAILED", ended_at=ended + 100 + i) for i in failed]
     return runs
 
 
-def test_failure_rate_over_the_last_twenty_runs():
-    alert = failure_rate(_finished(18, 2), TH)  # 10% > 5%
-    assert alert is not None and alert.severity == "ERROR"
-    assert "2 of the last 20 runs failed" in alert.what and "bad-1" in alert.look_at
-    assert failure_rate(_finished(19, 1), TH) is None  # exactly 5% is allowed
-    assert failure_rate(_finished(5, 3), TH) is None  # too few runs to judge
-    # Old failures fall out of the window once 20 newer runs succeeded.
-    old_failures = [RunRecord("old", status="FAILED", ended_at=-1.0)] * 3
-    newer = [RunRecord(f"n{i}", status="SUCCEEDED", ended_at=200.0 + i) for i in range(20)]
-    assert failure_rate(old_failures + newer, TH) is None
+def test_failure_rate_per_team_over_a_day():
+    (alert,) = failure_rates(_finished(18, 2) + _finished(30, 0, team="nlp"), TH, NOW)  # 10% > 5%; nlp clean
+    assert alert.severity == "ERROR" and alert.team == "vision"
+    assert "2 of its 20 runs of the last 24 h failed" in alert.what and "vision-bad-1" in alert.look_at
+    assert alert.text().startswith("[failure_rate] team vision: ")
+    assert failure_rates(_finished(19, 1), TH, NOW) == []  # exactly 5% is allowed
+    assert failure_rates(_finished(5, 3), TH, NOW) == []  # too few runs to judge
+    # Yesterday's failures do not count today.
+    assert failure_rates(_finished(0, 5, ended=NOW - 2 * DAY) + _finished(20, 0), TH, NOW) == []
+
+
+def test_a_team_rule_is_debounced_per_period_and_a_run_rule_per_run():
+    (today,) = failure_rates(_finished(18, 2), TH, NOW)
+    (later_today,) = failure_rates(_finished(18, 2), TH, NOW + HOUR)
+    (tomorrow,) = failure_rates(_finished(18, 2, ended=NOW + DAY - HOUR), TH, NOW + DAY)
+    assert today.key == later_today.key != tomorrow.key
+    idle = RunRecord("idle", utilization=samples([5] * 12))
+    assert low_utilization(idle, TH).key == "low_utilization:idle"
+
+
+def _spend(team: str, hourly: list[float], last_hour: float) -> list[tuple[str, float, float]]:
+    """One ledger record per trailing hour (oldest first), then one in the last hour."""
+    start = NOW - HOUR - len(hourly) * HOUR
+    items = [(team, start + (i + 0.5) * HOUR, usd) for i, usd in enumerate(hourly)]
+    return items + [(team, NOW - HOUR / 2, last_hour)]
+
+
+def test_spend_spike_against_the_trailing_hourly_mean():
+    (alert,) = spend_spikes(_spend("nlp", [1.0] * 24, 2.5) + _spend("vision", [1.0] * 24, 1.5), TH, NOW)
+    assert alert.team == "nlp" and alert.rule == "spend_spike" and alert.value == pytest.approx(2.5)
+    assert "spent $2.50 in the last hour, 2.5x its mean $1.00" in alert.what
+    assert spend_spikes(_spend("nlp", [1.0] * 24, 2.0), TH, NOW) == []  # exactly 2x is allowed
+    assert spend_spikes(_spend("nlp", [0.0] * 22 + [1.0] * 2, 50.0), TH, NOW) == []  # too little history
+    # Idle hours count in the mean: 4 busy hours of a quiet day make a mean of $0.50.
+    (quiet_day,) = spend_spikes(_spend("nlp", [0.0] * 20 + [3.0] * 4, 1.2), TH, NOW)
+    assert quiet_day.value == pytest.approx(2.4)
 
 
 def test_cost_outlier_against_family_median():
@@ -118,14 +150,21 @@ def test_cost_outlier_prefers_the_sweep():
     assert cost_outlier(trial, sweep + family, TH) is None  # 1.2x its sweep, though 120x the family
 
 
-def test_evaluate_run_and_fleet_name_every_rule():
+def test_evaluate_run_names_every_rule_and_evaluate_live_finds_what_is_wrong_now():
     run = RunRecord("r", data_wait_fraction=0.5, checkpoint_overhead=0.0, queued_at=0.0, started_at=1.0)
     results = evaluate_run(run, [], TH, now=10.0)
     assert set(results) == {"low_utilization", "data_wait", "checkpoint_overhead", "cost_outlier", "queue_wait"}
     assert [name for name, alert in results.items() if alert] == ["data_wait"]
-    queued = RunRecord("q", status="QUEUED", queued_at=0.0)
-    fleet = evaluate_fleet(_finished(18, 2) + [queued], TH, now=3 * HOUR)
-    assert sorted(a.rule for a in fleet) == ["failure_rate", "queue_wait"]
+    queued = RunRecord("q", status="QUEUED", queued_at=NOW - 3 * HOUR)
+    idle = RunRecord("idle", status="RUNNING", started_at=NOW - HOUR, utilization=samples([5] * 12))
+    busy = RunRecord("busy", status="RUNNING", started_at=NOW - HOUR, utilization=samples([95] * 12))
+    live = evaluate_live(_finished(18, 2) + [queued, idle, busy], TH, NOW, _spend("vision", [1.0] * 24, 9.0))
+    assert sorted((a.rule, a.run_id if not a.period else a.team) for a in live) == [
+        ("failure_rate", "vision"),
+        ("low_utilization", "idle"),
+        ("queue_wait", "q"),
+        ("spend_spike", "vision"),
+    ]
 
 
 def test_alert_text_says_what_where_and_what_to_look_at():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -189,3 +192,34 @@ def test_prefetch_workers_only_where_cores_are_spare():
     assert prefetch_workers(procs_per_node=2, cores=2) == 0  # every core runs a rank
     assert prefetch_workers(procs_per_node=1, cores=2) == 1
     assert prefetch_workers(procs_per_node=8, cores=96) == 2  # a GPU node: capped
+
+
+def test_a_cache_directory_another_user_could_write_is_refused(snapshot, tmp_path):
+    # The reported attack: /tmp/tp-shard-cache-<uid> created first by someone else, world-writable.
+    root, manifest = snapshot
+    ref = manifest.splits["train"][0]
+    planted = tmp_path / "tp-shard-cache-0"
+    planted.mkdir()
+    planted.chmod(0o777)
+    with pytest.raises(SnapshotError, match=r"shard cache .* is writable by others \(mode 777\).*TP_SHARD_CACHE"):
+        ShardCache(planted).path(root, manifest.snapshot_id, ref)
+    os.chown(planted, 65534, 65534)  # owned by nobody
+    planted.chmod(0o700)
+    with pytest.raises(SnapshotError, match="belongs to uid 65534"):
+        ShardCache(planted).path(root, manifest.snapshot_id, ref)
+    fresh = tmp_path / "fresh-cache"
+    ShardCache(fresh).path(root, manifest.snapshot_id, ref)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
+
+
+def test_a_poisoned_entry_of_the_right_size_is_never_served(snapshot, tmp_path):
+    root, manifest = snapshot
+    ref = manifest.splits["train"][0]
+    cache = ShardCache(tmp_path / "cache")
+    entry = cache.entry(ref)
+    entry.parent.mkdir(parents=True)
+    (tmp_path / "cache").chmod(0o700)
+    entry.write_bytes(b"\0" * ref.bytes)  # same size, other bytes: a size check alone served it
+    served = cache.path(root, manifest.snapshot_id, ref)
+    assert hashlib.sha256(served.read_bytes()).hexdigest() == ref.sha256
+    assert cache.stats.misses == 1 and cache.stats.hits == 0

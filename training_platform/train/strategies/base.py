@@ -14,6 +14,7 @@ from training_platform.train import distributed
 from training_platform.train.session import TrainingSession
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+Weights = dict[str, torch.Tensor]
 
 
 class Strategy(ABC):
@@ -43,15 +44,19 @@ class Strategy(ABC):
         """Backward, optimizer step, gradients cleared."""
 
     @abstractmethod
-    def save(self, step: int, metrics: dict[str, float]) -> None:
-        """Collective: checkpoint model, optimizer, every rank's RNG and the step."""
+    def save(self, step: int, metrics: dict[str, float], *, final_weights: Weights | None = None) -> None:
+        """Collective: checkpoint model, optimizer, every rank's RNG and the step.
+
+        `final_weights` (the run's last save: `full_state_dict()`, complete on rank 0) go into the
+        same checkpoint as plain tensors, which evaluation reads without the strategy's own format.
+        """
 
     @abstractmethod
     def restore(self) -> int | None:
         """Collective: load the newest checkpoint this strategy wrote; the step, or None."""
 
     @abstractmethod
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
+    def full_state_dict(self) -> Weights:
         """Collective: the full, unsharded model weights (complete on rank 0)."""
 
     @property

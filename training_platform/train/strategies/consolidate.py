@@ -1,15 +1,12 @@
-"""One process, no process group: the full model weights of any strategy's checkpoint.
+"""One process, no process group, nothing unpickled: the full model weights of any strategy's checkpoint.
 
-Evaluation, registration and `tp` read checkpoints outside the training job. DDP checkpoints
-hold the replicated state; FSDP checkpoints are DCP shards, merged here by DCP itself; DeepSpeed
-checkpoints are consolidated with DeepSpeed's own ``zero_to_fp32`` (every ZeRO stage).
+Evaluation, registration and the `checkpoints` asset read checkpoints outside the training job, in
+the orchestrator. They read tensors only: a DDP checkpoint's replicated model, or the full weights
+that an FSDP or DeepSpeed run's workers gathered into its final checkpoint (loop.py). Merging the
+shards here would mean parsing the framework's files, which DCP and DeepSpeed unpickle.
 """
 
 from __future__ import annotations
-
-import shutil
-import tempfile
-from pathlib import Path
 
 import torch
 
@@ -19,24 +16,11 @@ from training_platform.errors import CheckpointError
 
 def full_model_state(store: CheckpointStore, manifest: CheckpointManifest) -> dict[str, torch.Tensor]:
     """The checkpoint's model weights, unsharded, on the CPU (hash-verified on the way)."""
-    if manifest.kind == "state":
-        return store.load(manifest)["user"]["model"]
-    kind = manifest.attributes.get("format")
-    staging = Path(tempfile.mkdtemp(prefix="tp-consolidate-"))
-    try:
-        store.restore_files(manifest, staging / "checkpoint")
-        if kind == "torch.distributed.checkpoint":
-            from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-            dcp_to_torch_save(staging / "checkpoint", staging / "full.pt")
-            return torch.load(staging / "full.pt", weights_only=False)["model"]
-        if kind == "deepspeed":
-            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-            from training_platform.train.strategies.deepspeed import TAG
-
-            state = get_fp32_state_dict_from_zero_checkpoint(str(staging / "checkpoint"), tag=TAG)
-            return {name: tensor.clone() for name, tensor in state.items()}
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    raise CheckpointError(f"checkpoint {manifest.uri} has format {kind!r}, which no strategy here can read")
+    if manifest.kind == "files" and manifest.skeleton is None:
+        raise CheckpointError(
+            f"checkpoint {manifest.uri} ({manifest.attributes.get('format', 'files')}) holds no weights consolidated "
+            "by its workers: a sharded run's workers store them with its final checkpoint only (older builds "
+            "did not); evaluate that one, or re-run the training_run partition"
+        )
+    state = store.load(manifest)
+    return state["user"]["model"] if manifest.kind == "state" else state["model"]

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from training_platform.train.strategies.base import OptimizerFactory, Strategy
+from training_platform.train.strategies.base import OptimizerFactory, Strategy, Weights
 
 
 class DDPStrategy(Strategy):
@@ -32,7 +32,8 @@ class DDPStrategy(Strategy):
         loss.backward()
         self.optimizer.step()
 
-    def save(self, step: int, metrics: dict[str, float]) -> None:
+    def save(self, step: int, metrics: dict[str, float], *, final_weights: Weights | None = None) -> None:
+        # The state holds the full model already: `final_weights` adds nothing here.
         state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
         self.session.save(state, step, metrics)
 
@@ -46,5 +47,5 @@ class DDPStrategy(Strategy):
         self.optimizer.load_state_dict(state["optimizer"])
         return step
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
+    def full_state_dict(self) -> Weights:
         return self.module.state_dict()

@@ -24,10 +24,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from training_platform.checkpoints.sharded import list_on_main
-from training_platform.errors import CheckpointError
+from training_platform.checkpoints.sharded import list_on_main, written_as
+from training_platform.checkpoints.store import nothing_restores
+from training_platform.errors import CheckpointError, SpecError
 from training_platform.spec import TrainSpec
-from training_platform.train.strategies.base import OptimizerFactory, Strategy
+from training_platform.train.rng_json import rng_states_from_json, rng_states_to_json
+from training_platform.train.strategies.base import OptimizerFactory, Strategy, Weights
 
 FORMAT = "deepspeed"
 TAG = "checkpoint"
@@ -60,11 +62,25 @@ def deepspeed_config(spec: TrainSpec, num_params: int | None = None) -> dict[str
     }
 
 
+INSTALL_HINT = "pip install 'training-platform[deepspeed]' (the training image: --build-arg EXTRAS=deepspeed)"
+
+
+def import_deepspeed() -> Any:
+    """DeepSpeed, an optional extra; a SpecError saying how to install it when it is missing."""
+    try:
+        import deepspeed
+    except ImportError:
+        raise SpecError(f"strategy: deepspeed is not installed in this environment; {INSTALL_HINT}") from None
+    return deepspeed
+
+
 class DeepSpeedStrategy(Strategy):
     name = "deepspeed"
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
-        import deepspeed
+        deepspeed = import_deepspeed()
+
+        from training_platform.train.strategies.deepspeed_files import SafeCheckpointEngine
 
         _ensure_process_group(self.session.dist.backend)
         deepspeed.init_distributed(dist_backend=self.session.dist.backend)
@@ -74,6 +90,8 @@ class DeepSpeedStrategy(Strategy):
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model.to(self.session.dist.device), optimizer=optimizer, config=config
         )
+        # Restores read the store's files: with weights_only, not DeepSpeed's full unpickling.
+        self.engine.checkpoint_engine = SafeCheckpointEngine(config_params=self.engine._config)
         self.module = self.engine.module
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
@@ -84,11 +102,11 @@ class DeepSpeedStrategy(Strategy):
         self.engine.step()  # also clears the gradients
 
     # ----- checkpoints ----------------------------------------------------------------------------
-    def save(self, step: int, metrics: dict[str, float]) -> None:
+    def save(self, step: int, metrics: dict[str, float], *, final_weights: Weights | None = None) -> None:
         session, started = self.session, time.monotonic()
         staging = session.run_dir / "deepspeed-staging" / f"step-{step}"
         # DeepSpeed writes client_state once (model-states file of rank 0), so gather all ranks' RNG.
-        client_state = {"rng": self.gathered_rng(), "step": step}
+        client_state = {"rng": rng_states_to_json(self.gathered_rng()), "step": step}
         self.engine.save_checkpoint(str(staging), tag=TAG, client_state=client_state)
         _barrier()
         manifest = None
@@ -96,7 +114,9 @@ class DeepSpeedStrategy(Strategy):
             if session.dist.is_main:
                 files = {str(p.relative_to(staging)): p for p in sorted(staging.rglob("*")) if p.is_file()}
                 attributes = {"format": FORMAT, "zero_stage": self.stage, "world_size": session.dist.world_size}
-                manifest, _ = session.store.save_files(session.run_id, step, files, metrics, attributes)
+                manifest, _ = session.store.save_files(
+                    session.run_id, step, files, metrics, attributes, weights=final_weights
+                )
             _barrier()  # no rank goes on before the checkpoint is visible
         finally:
             if session.dist.is_main:
@@ -106,30 +126,43 @@ class DeepSpeedStrategy(Strategy):
 
     def restore(self) -> int | None:
         session = self.session
-        manifests = list_on_main(session.store, session.run_id)
-        for manifest in reversed([m for m in manifests if m.attributes.get("format") == FORMAT]):
+        checkpoints = list_on_main(session.store, session.run_id)
+        skipped = list(checkpoints.unreadable.items())
+        for manifest in reversed(checkpoints.manifests):
+            if manifest.attributes.get("format") != FORMAT:
+                skipped.append((manifest.step, f"written by another strategy ({written_as(manifest)})"))
+                continue
             staging = Path(tempfile.mkdtemp(prefix=f"tp-ds-restore-{session.dist.rank}-"))
             try:
                 error = None
                 try:
+                    session.store.check_manifest(manifest)
                     session.store.restore_files(manifest, staging)
                 except (CheckpointError, OSError) as exc:
                     error = str(exc)
+                if error is None:
+                    try:
+                        path, client_state = self.engine.load_checkpoint(str(staging), tag=TAG)
+                        if path is None:
+                            raise CheckpointError(f"DeepSpeed found no checkpoint in {manifest.uri}'s files")
+                        rng_states = rng_states_from_json(client_state["rng"])
+                    except CheckpointError as exc:
+                        error = f"checkpoint {manifest.uri}: {exc}"
                 errors = [e for e in _all_gather(error) if e]
                 if errors:  # every rank saw the same verdict, so all move on to the older one together
                     session.reporter.info(f"skipped checkpoint step {manifest.step}: {errors[0]}")
+                    skipped.append((manifest.step, errors[0]))
                     continue
-                path, client_state = self.engine.load_checkpoint(str(staging), tag=TAG)
-                if path is None:
-                    raise CheckpointError(f"DeepSpeed could not load checkpoint {manifest.uri}; see the log above")
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
-            self.set_rng(client_state["rng"])
+            self.set_rng(rng_states)
             self.record_restored(manifest, int(client_state["step"]))
             return int(client_state["step"])
+        if skipped:  # the run has checkpoints and none restores: it must not start over
+            raise nothing_restores(session.run_id, session.store.uri, sorted(skipped, reverse=True))
         return None
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
+    def full_state_dict(self) -> Weights:
         if self.stage < 3:
             return self.module.state_dict()
         import deepspeed

@@ -7,7 +7,6 @@ into the checkpoint store (``checkpoints.sharded``), so no rank ever holds the w
 
 from __future__ import annotations
 
-import pickle
 import time
 
 import torch
@@ -19,10 +18,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from training_platform.checkpoints.sharded import list_on_main, restore_latest_sharded, save_sharded
-from training_platform.train.strategies.base import OptimizerFactory, Strategy
+from training_platform.checkpoints.sharded import DCP_FORMAT, list_on_main, restore_latest_sharded, save_sharded
+from training_platform.train.rng_json import rng_states_from_json, rng_states_to_json
+from training_platform.train.strategies.base import OptimizerFactory, Strategy, Weights
 
-FORMAT = "torch.distributed.checkpoint"
+FORMAT = DCP_FORMAT
 
 
 def layers_of(model: nn.Module) -> list[nn.Module]:
@@ -63,31 +63,32 @@ class FSDPStrategy(Strategy):
         model_state, optim_state = get_state_dict(self.module, self.optimizer)
         return {"model": model_state, "optim": optim_state}
 
-    def save(self, step: int, metrics: dict[str, float]) -> None:
+    def save(self, step: int, metrics: dict[str, float], *, final_weights: Weights | None = None) -> None:
         started = time.monotonic()
-        # RNG states as one opaque blob: DCP would otherwise flatten the lists inside them into keys.
-        state = self._state() | {"rng": pickle.dumps(self.gathered_rng()), "step": step}
-        manifest = save_sharded(self.session.store, self.session.run_id, step, state, metrics)
+        # RNG states as one JSON item: DCP would otherwise flatten the lists inside them into keys.
+        state = self._state() | {"rng": rng_states_to_json(self.gathered_rng()).encode(), "step": step}
+        weights = final_weights if self.session.dist.is_main else None  # complete on rank 0 only
+        manifest = save_sharded(self.session.store, self.session.run_id, step, state, metrics, weights=weights)
         self.record_saved(manifest, time.monotonic() - started)
 
     def restore(self) -> int | None:
         session = self.session
-        manifests = list_on_main(session.store, session.run_id)
-        if not any(manifest.kind == "files" for manifest in manifests):
+        checkpoints = list_on_main(session.store, session.run_id)
+        if not checkpoints.manifests and not checkpoints.unreadable:
             return None  # skip get_state_dict's optimizer-state initialization on a fresh run
         state = self._state() | {"rng": b"", "step": -1}
-        restored = restore_latest_sharded(session.store, session.run_id, state, manifests=manifests)
-        if restored is None:
-            return None
+        # Raises on every rank when the run has checkpoints and none restores: it must not start over.
+        restored = restore_latest_sharded(session.store, session.run_id, state, checkpoints=checkpoints)
+        assert restored is not None, "the run has checkpoints, so restore_latest_sharded restores one or raises"
         manifest, skipped = restored
         for step, reason in skipped:
             session.reporter.info(f"skipped checkpoint step {step}: {reason}")
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        self.set_rng(pickle.loads(state["rng"]))
+        self.set_rng(rng_states_from_json(state["rng"]))
         self.record_restored(manifest, int(state["step"]))
         return int(state["step"])
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
+    def full_state_dict(self) -> Weights:
         if self.session.dist.world_size == 1:
             return self.module.state_dict()
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)

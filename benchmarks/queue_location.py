@@ -1,8 +1,8 @@
-"""A tiny code location for the fairness test: one short job, and a sensor that submits every team's runs at once.
+"""A tiny code location for queue benchmarks: one short job, and a sensor that submits every team's runs at once.
 
 The sensor fires once (its cursor remembers), when the file named by $FAIRNESS_TRIGGER exists, and
-asks for TEAMS x RUNS_PER_TEAM runs in team blocks (all of team-a's first): the order in which a
-plain FIFO queue would let the first team take every slot.
+asks for TEAMS x $FAIRNESS_RUNS_PER_TEAM runs in team blocks (all of team-a's first): the order in
+which a plain FIFO queue would let the first team take every slot.
 """
 
 import os
@@ -12,7 +12,7 @@ from pathlib import Path
 import dagster as dg
 
 TEAMS = ("team-a", "team-b", "team-c")
-RUNS_PER_TEAM = 10
+RUNS_PER_TEAM = int(os.environ.get("FAIRNESS_RUNS_PER_TEAM", "10"))
 
 
 @dg.op(config_schema={"seconds": float})

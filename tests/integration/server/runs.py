@@ -1,0 +1,59 @@
+"""Helpers for tests that drive the platform server through `tp`: specs, run states, a run's processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import yaml
+
+from tests.fixtures.platform import ROOT, Platform, last_json
+from training_platform.runlog import RunEvents
+
+
+def write_spec(directory: Path, name: str, team: str = "ml-platform", **changes) -> Path:
+    """examples/digits.yaml, renamed (its own model in the registry), with `changes` merged per section."""
+    spec = yaml.safe_load((ROOT / "examples" / "digits.yaml").read_text())
+    spec |= {"name": name, "team": team}
+    for section, values in changes.items():
+        spec[section] = {**spec.get(section, {}), **values} if isinstance(values, dict) else values
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def detach(platform: Platform, spec: Path, *args: str) -> str:
+    """`tp train SPEC --detach`: the run id."""
+    proc = platform.tp("train", str(spec), "--detach", "--json", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return last_json(proc)["run_id"]
+
+
+def run_row(platform: Platform, run_id: str) -> dict | None:
+    """The run's row in `tp runs --json`."""
+    proc = platform.tp("runs", "--json", "--limit", "200")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return next((row for row in last_json(proc)["runs"] if row["run_id"] == run_id), None)
+
+
+def step_reached(platform: Platform, run_id: str) -> int:
+    """The newest step in the run's event log (written by its main rank)."""
+    events = RunEvents(platform.home / "runs" / run_id).read()
+    return max((e["step"] for e in events if e["kind"] in ("progress", "checkpoint")), default=0)
+
+
+def processes_of(run_id: str) -> list[psutil.Process]:
+    """Live processes that belong to a run: its ranks, agent, fork server and shell name it on their command line."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmdline = " ".join(process.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if run_id in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE and process.pid != psutil.Process().pid:
+            found.append(process)
+    return found
+
+
+def weights_of(summary: dict) -> str:
+    return summary["final_weights_sha256"]

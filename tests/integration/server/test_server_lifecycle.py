@@ -1,0 +1,80 @@
+"""`tp server start|status|stop`: what runs, what refuses to start (and why, in one line), what stop leaves behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import psutil
+import pytest
+
+from tests.fixtures.platform import Platform, free_port, last_json, platform_env, server_logs
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+def test_start_status_and_stop_end_exactly_what_started(tmp_path):
+    home = tmp_path / "home"
+    platform = Platform(home, platform_env(home, TP_SERVER_PORT=str(free_port())))
+    started = platform.tp("server", "start", "--json")
+    assert started.returncode == 0, started.stderr + server_logs(home)
+    assert last_json(started)["running"] == {"code-server": True, "webserver": True, "daemon": True}
+    status = platform.tp("server", "status", "--json")
+    assert status.returncode == 0 and last_json(status)["url"] == platform.url
+    processes = json.loads((home / "server" / "server.json").read_text())["processes"]
+    groups = {name: _group(p["pid"]) for name, p in processes.items()}
+    assert all(groups.values()), groups  # each part with the processes it started (the code server's gRPC child)
+
+    again = platform.tp("server", "start")  # a running server is kept, not doubled
+    assert again.returncode == 0 and "starting" not in again.stderr
+    assert json.loads((home / "server" / "server.json").read_text())["processes"] == processes
+
+    stopped = platform.tp("server", "stop", "--json")
+    assert stopped.returncode == 0, stopped.stderr
+    assert sorted(last_json(stopped)["stopped"]) == ["code-server", "daemon", "webserver"]
+    left = [p for group in groups.values() for p in group if _alive(p)]
+    assert not left, left
+    assert platform.tp("server", "status").returncode == 1
+
+
+def test_a_taken_port_is_refused_in_one_line_with_the_fix(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        platform = Platform(tmp_path / "home", platform_env(tmp_path / "home", TP_SERVER_PORT=str(port)))
+        proc = platform.tp("train", "examples/digits.yaml")  # a command that starts the server
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and f"port {port} is taken" in lines[0] and "--port" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "home" / "server" / "server.json").exists()
+
+
+def test_a_home_that_cannot_be_written_is_refused_in_one_line(tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    platform = Platform(blocked / "home", platform_env(blocked / "home", TP_SERVER_PORT=str(free_port())))
+    proc = platform.tp("server", "start")
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "TP_HOME" in lines[0] and str(blocked / "home") in lines[0], proc.stderr
+
+
+def _group(pid: int) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter() if _pgid(p) == pid]
+
+
+def _pgid(process: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(process.pid)
+    except (ProcessLookupError, psutil.Error):
+        return None
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

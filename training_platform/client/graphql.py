@@ -1,0 +1,371 @@
+"""`tp` as a client of the platform server: submit runs, read them, cancel them, over Dagster's GraphQL API.
+
+Submitting and terminating use dagster-graphql's `DagsterGraphQLClient`; what it does not wrap
+(adding a partition, listing runs, reading materializations, check results and captured logs,
+launching a backfill) is one documented GraphQL query each, sent through the same transport.
+Nothing here executes a pipeline: every run goes through the server's queue.
+
+A platform run (a `training_runs` partition, named like `digits-classifier-20261123-...`) may have
+several Dagster runs: the first attempt, resumes after preemptions, retries, reproductions. The
+newest one is the run's current state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from training_platform.errors import PlatformError
+from training_platform.submission import LOCATION, PARTITION_TAG, REPOSITORY, TRAINING_JOB, TRAINING_RUNS
+
+IN_PROGRESS = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
+FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
+
+
+class ClientError(PlatformError):
+    """The platform server refused a request or could not be reached; the message says why."""
+
+
+@dataclass(frozen=True)
+class DagsterRun:
+    """One Dagster run as the server reports it."""
+
+    id: str
+    job: str
+    status: str
+    tags: dict[str, str]
+    created: float
+    started: float | None = None
+    ended: float | None = None
+    assets: tuple[str, ...] = ()  # what it materializes, when it was launched for assets
+
+    @property
+    def partition(self) -> str | None:
+        return self.tags.get(PARTITION_TAG)
+
+    @property
+    def trains(self) -> bool:
+        """A run of the training_run asset (from `tp`, a sensor, or the UI's Materialize), not a snapshot or sweep."""
+        return self.job == TRAINING_JOB or "training_run" in self.assets
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+    @property
+    def team(self) -> str:
+        return self.tags.get("team", "")
+
+
+@dataclass(frozen=True)
+class Failure:
+    message: str
+    error_class: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    asset: str
+    name: str
+    passed: bool
+    description: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+_METADATA = """fragment md on MetadataEntry { __typename label
+  ... on IntMetadataEntry { intRepr } ... on FloatMetadataEntry { floatRepr } ... on TextMetadataEntry { text }
+  ... on JsonMetadataEntry { jsonString } ... on BoolMetadataEntry { boolValue } ... on MarkdownMetadataEntry { mdStr }
+  ... on PathMetadataEntry { path } ... on UrlMetadataEntry { url } ... on TableMetadataEntry { table { records } }
+  ... on TimestampMetadataEntry { timestamp } }"""
+
+_RUN_FIELDS = "runId jobName status creationTime startTime endTime tags { key value } assetSelection { path }"
+
+_RUN = f"""query($id: ID!) {{ runOrError(runId: $id) {{ __typename ... on Run {{ {_RUN_FIELDS} }}
+  ... on PythonError {{ message }} }} }}"""
+
+_RUNS = f"""query($filter: RunsFilter, $limit: Int) {{ runsOrError(filter: $filter, limit: $limit) {{ __typename
+  ... on Runs {{ results {{ {_RUN_FIELDS} }} }} ... on PythonError {{ message }}
+  ... on InvalidPipelineRunsFilterError {{ message }} }} }}"""
+
+_ADD_PARTITION = """mutation($key: String!, $partitions: String!, $repo: RepositorySelector!) {
+  addDynamicPartition(partitionKey: $key, partitionsDefName: $partitions, repositorySelector: $repo) {
+    __typename ... on PythonError { message } ... on UnauthorizedError { message } } }"""
+
+_MATERIALIZATIONS = (
+    """query($id: ID!) { runOrError(runId: $id) { __typename ... on Run {
+  assetMaterializations { assetKey { path } partition metadataEntries { ...md } } } } }"""
+    + _METADATA
+)
+
+_EVENTS = (
+    """query($id: ID!, $after: String) { logsForRun(runId: $id, afterCursor: $after) { __typename
+  ... on EventConnection { cursor hasMore events { __typename
+    ... on MessageEvent { message }
+    ... on ExecutionStepFailureEvent { stepKey error { message className cause { message className } }
+        failureMetadata { metadataEntries { ...md } } }
+    ... on RunFailureEvent { error { message } }
+    ... on AssetCheckEvaluationEvent { evaluation { checkName success description assetKey { path }
+        metadataEntries { ...md } } }
+    ... on LogsCapturedEvent { fileKey } } }
+  ... on PythonError { message } ... on RunNotFoundError { message } } }"""
+    + _METADATA
+)
+
+_ASSET_MATERIALIZATIONS = (
+    """query($asset: [String!]!, $partitions: [String!], $limit: Int) { assetOrError(assetKey: {path: $asset}) {
+  __typename ... on Asset { assetMaterializations(partitions: $partitions, limit: $limit) {
+    timestamp metadataEntries { ...md } } } } }"""
+    + _METADATA
+)
+
+_DAEMONS = """{ instance { daemonHealth { allDaemonStatuses { daemonType required healthy } } } }"""
+
+_CAPTURED_LOGS = """query($key: [String!]!, $cursor: String) {
+  capturedLogs(logKey: $key, cursor: $cursor) { stdout cursor } }"""
+
+_BACKFILL = """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
+  __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message }
+  ... on PartitionKeysNotFoundError { message } ... on UnauthorizedError { message }
+  ... on RunConfigValidationInvalid { errors { message } } ... on InvalidSubsetError { message } } }"""
+
+
+class PlatformClient:
+    """The platform server at `url` (the webserver's address, e.g. http://127.0.0.1:3000)."""
+
+    def __init__(self, url: str, timeout_s: int = 60):
+        from dagster_graphql import DagsterGraphQLClient
+        from gql import Client
+        from gql.transport.requests import RequestsHTTPTransport
+
+        self.url = url.rstrip("/")
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ClientError(f"{url!r} is not a platform server's address; write it as http://host:port")
+        self._dagster = DagsterGraphQLClient(
+            parts.hostname, port_number=parts.port, use_https=parts.scheme == "https", timeout=timeout_s,
+            path_prefix=parts.path,
+        )
+        self._gql = Client(transport=RequestsHTTPTransport(url=f"{self.url}/graphql", timeout=timeout_s))
+
+    # ----- transport --------------------------------------------------------------------------
+    def query(self, document: str, **variables: Any) -> dict[str, Any]:
+        from gql import gql
+
+        try:
+            return self._gql.execute(gql(document), variable_values=variables)
+        except Exception as exc:  # noqa: BLE001 - requests, gql and GraphQL errors all mean the same to a user
+            raise ClientError(
+                f"the platform server at {self.url} did not answer ({_reason(exc)}); check it with `tp server status` "
+                "(or TP_SERVER_URL)"
+            ) from None
+
+    # ----- submitting -------------------------------------------------------------------------
+    def add_partition(self, key: str, partitions: str = TRAINING_RUNS) -> None:
+        """Add a partition (a run's, by default) to a dynamic partitions definition; nothing to do when it exists."""
+        repo = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}
+        result = self.query(_ADD_PARTITION, key=key, partitions=partitions, repo=repo)["addDynamicPartition"]
+        if result["__typename"] in ("PythonError", "UnauthorizedError"):
+            raise ClientError(f"the server refused partition {key!r} of {partitions}: {result['message'].strip()}")
+
+    def submit(
+        self, job: str, tags: dict[str, str], run_config: dict[str, Any] | None = None, assets: Iterable[str] = ()
+    ) -> str:
+        """Queue a run of `job` (of only `assets` of it, when given) with `tags`; its Dagster run id."""
+        from dagster_graphql import DagsterGraphQLClientError
+
+        try:
+            return self._dagster.submit_job_execution(
+                job, repository_location_name=LOCATION, repository_name=REPOSITORY, run_config=run_config or {},
+                tags=tags, asset_selection=list(assets) or None,
+            )
+        except DagsterGraphQLClientError as exc:
+            raise ClientError(f"the server refused the {job} run: {_reason(exc)}") from None
+
+    def launch_backfill(self, asset: str, partitions: list[str], tags: dict[str, str], run_config: dict) -> str:
+        params = {
+            "assetSelection": [{"path": [asset]}],
+            "partitionNames": partitions,
+            "tags": [{"key": k, "value": v} for k, v in tags.items()],
+            "runConfigData": run_config,
+            "title": f"{asset} {partitions[0]}..{partitions[-1]}",
+        }
+        result = self.query(_BACKFILL, params=params)["launchPartitionBackfill"]
+        if result["__typename"] != "LaunchBackfillSuccess":
+            message = result.get("message") or "; ".join(e["message"] for e in result.get("errors", []))
+            raise ClientError(f"the server refused the backfill: {result['__typename']}: {message}")
+        return result["backfillId"]
+
+    def terminate(self, dagster_run_id: str) -> None:
+        from dagster_graphql import DagsterGraphQLClientError
+
+        try:
+            self._dagster.terminate_run(dagster_run_id)
+        except DagsterGraphQLClientError as exc:
+            raise ClientError(f"the server could not terminate run {dagster_run_id}: {_reason(exc)}") from None
+
+    # ----- reading ----------------------------------------------------------------------------
+    def run(self, dagster_run_id: str) -> DagsterRun | None:
+        result = self.query(_RUN, id=dagster_run_id)["runOrError"]
+        return _run(result) if result["__typename"] == "Run" else None
+
+    def runs(
+        self, tags: dict[str, str] | None = None, statuses: Iterable[str] | None = None, limit: int = 200
+    ) -> list[DagsterRun]:
+        """Runs matching every tag and any status, newest first."""
+        run_filter: dict[str, Any] = {}
+        if tags:
+            run_filter["tags"] = [{"key": k, "value": v} for k, v in tags.items()]
+        if statuses:
+            run_filter["statuses"] = list(statuses)
+        result = self.query(_RUNS, filter=run_filter, limit=limit)["runsOrError"]
+        if result["__typename"] != "Runs":
+            raise ClientError(f"the server could not list runs: {result.get('message', result['__typename'])}")
+        return [_run(r) for r in result["results"]]
+
+    def attempts(self, run_id: str) -> list[DagsterRun]:
+        """The training runs of one platform run (its partition), newest first."""
+        return [r for r in self.runs(tags={PARTITION_TAG: run_id}) if r.trains]
+
+    def materializations(self, dagster_run_id: str) -> dict[str, dict[str, Any]]:
+        """Asset name -> metadata of what the run materialized (the last one of each asset)."""
+        result = self.query(_MATERIALIZATIONS, id=dagster_run_id)["runOrError"]
+        if result["__typename"] != "Run":
+            return {}
+        return {
+            "/".join(m["assetKey"]["path"]): metadata_values(m["metadataEntries"])
+            for m in result["assetMaterializations"]
+        }
+
+    def events(self, dagster_run_id: str) -> list[dict[str, Any]]:
+        """Every event of the run (the GraphQL objects), in order."""
+        events: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            result = self.query(_EVENTS, id=dagster_run_id, after=cursor)["logsForRun"]
+            if result["__typename"] != "EventConnection":
+                return events
+            events += result["events"]
+            cursor = result["cursor"]
+            if not result["hasMore"]:
+                return events
+
+    def failure(self, dagster_run_id: str) -> Failure:
+        """Why the run failed: its first step failure (error, cause, metadata), else the run failure message."""
+        events = self.events(dagster_run_id)
+        for event in events:
+            if event["__typename"] == "ExecutionStepFailureEvent" and event.get("error"):
+                entries = (event.get("failureMetadata") or {}).get("metadataEntries") or []
+                error = _users_error(event["error"])
+                return Failure(_error_text(error), error.get("className"), metadata_values(entries))
+        for event in events:
+            if event["__typename"] == "RunFailureEvent":
+                return Failure((event.get("error") or {}).get("message") or event["message"])
+        return Failure("the Dagster run failed; open it in the UI for its logs")
+
+    def check_results(self, dagster_run_id: str) -> list[CheckResult]:
+        results = []
+        for event in self.events(dagster_run_id):
+            if event["__typename"] == "AssetCheckEvaluationEvent":
+                evaluation = event["evaluation"]
+                results.append(
+                    CheckResult(
+                        "/".join(evaluation["assetKey"]["path"]),
+                        evaluation["checkName"],
+                        evaluation["success"],
+                        evaluation.get("description") or "",
+                        metadata_values(evaluation["metadataEntries"]),
+                    )
+                )
+        return results
+
+    def asset_materializations(self, asset: str, partition: str, limit: int = 50) -> list[tuple[dict[str, Any], float]]:
+        """(metadata, time) of a partition's materializations, newest first."""
+        result = self.query(_ASSET_MATERIALIZATIONS, asset=[asset], partitions=[partition], limit=limit)["assetOrError"]
+        if result["__typename"] != "Asset":
+            return []
+        return [
+            (metadata_values(m["metadataEntries"]), float(m["timestamp"]) / 1000)
+            for m in result["assetMaterializations"]
+        ]
+
+    def daemons_down(self) -> list[str]:
+        """The daemons the server needs that do not run (the run queue, sensors, schedules, backfills)."""
+        statuses = self.query(_DAEMONS)["instance"]["daemonHealth"]["allDaemonStatuses"]
+        return sorted(d["daemonType"] for d in statuses if d["required"] and not d["healthy"])
+
+    def log_key(self, dagster_run_id: str) -> str | None:
+        """The key of the run's captured stdout and stderr (None before its process started)."""
+        keys = [e["fileKey"] for e in self.events(dagster_run_id) if e["__typename"] == "LogsCapturedEvent"]
+        return keys[0] if keys else None
+
+    def stdout(self, dagster_run_id: str, log_key: str, cursor: str | None = None) -> tuple[str, str | None]:
+        """What the run's process wrote to stdout after `cursor` (the worker's log, echoed by the run), and
+        the cursor to read on from."""
+        logs = self.query(_CAPTURED_LOGS, key=[dagster_run_id, "compute_logs", log_key], cursor=cursor)
+        captured = logs["capturedLogs"]
+        return captured.get("stdout") or "", captured.get("cursor") or cursor
+
+
+def _run(raw: dict[str, Any]) -> DagsterRun:
+    return DagsterRun(
+        id=raw["runId"],
+        job=raw["jobName"],
+        status=raw["status"],
+        tags={t["key"]: t["value"] for t in raw["tags"]},
+        created=raw["creationTime"],
+        started=raw.get("startTime"),
+        ended=raw.get("endTime"),
+        assets=tuple("/".join(key["path"]) for key in raw.get("assetSelection") or ()),
+    )
+
+
+def metadata_values(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """GraphQL metadata entries as plain Python values (tables as lists of dicts)."""
+    values: dict[str, Any] = {}
+    for entry in entries:
+        kind = entry["__typename"]
+        if kind == "IntMetadataEntry":
+            value: Any = int(entry["intRepr"])
+        elif kind == "FloatMetadataEntry":
+            value = float(entry["floatRepr"])
+        elif kind == "JsonMetadataEntry":
+            value = json.loads(entry["jsonString"])
+        elif kind == "TableMetadataEntry":
+            value = [json.loads(record) for record in entry["table"]["records"]]
+        else:
+            fields = ("text", "boolValue", "mdStr", "path", "url", "timestamp")
+            value = next((entry[f] for f in fields if f in entry), None)
+        values[entry["label"]] = value
+    return values
+
+
+def _users_error(error: dict[str, Any]) -> dict[str, Any]:
+    """The exception the platform's code raised, inside Dagster's step wrapper."""
+    cause = error.get("cause")
+    if cause and cause.get("message") and (error.get("className") or "").startswith("Dagster"):
+        return cause
+    return error
+
+
+def _error_text(error: dict[str, Any]) -> str:
+    """`SpecError`s and Failures by their message alone; other exceptions with their type."""
+    text = error["message"].strip()
+    if error.get("className") in _MESSAGE_ONLY:
+        text = text.split(": ", 1)[-1]
+    return text
+
+
+# Errors whose message says everything (see training_platform/errors.py, dg.Failure); others keep their type.
+_MESSAGE_ONLY = {"PlatformError", "SpecError", "SnapshotError", "CheckpointError", "LaunchError", "CostError",
+                 "BudgetError", "ServerError", "Failure"}
+
+
+def _reason(exc: Exception) -> str:
+    """The first line of what went wrong (a DagsterGraphQLClientError carries (kind, message))."""
+    parts = [str(a) for a in exc.args if isinstance(a, str)] or [str(exc)]
+    lines = [line for part in parts for line in part.strip().splitlines() if line.strip()]
+    return ": ".join(lines[:2])[:400] if lines else type(exc).__name__

@@ -1,0 +1,41 @@
+"""Identifiers that become paths, script lines or API object names: one pattern each, checked where
+they enter, and paths that must stay under their root.
+
+A run id is a Dagster partition key, which accepts anything (`../../x`, `/tmp/x`); a Slurm partition
+is written into an `#SBATCH` line, where a newline starts a command. Neither is trusted until checked.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from training_platform.errors import SpecError
+
+# Run ids: `<name>-<stamp>-<hex>`, `<name>-<day>`, sweep trials; one path component, never `..`.
+RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+# Slurm partitions, QoS and accounts: one word, nothing a shell or sbatch would read as syntax.
+SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+# Kubernetes namespaces, service accounts, LocalQueues and Secrets: a DNS-1123 label.
+K8S_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+_RUN_ID = re.compile(RUN_ID)
+
+
+def check_run_id(run_id: str, what: str = "run id") -> str:
+    """`run_id` itself, or a SpecError naming it and the allowed form (`what`: a sweep name, ...)."""
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id) or ".." in run_id:
+        raise SpecError(
+            f"{what} {run_id!r} is not allowed: use 1-128 letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit (no '/', no '..'); pick another partition key"
+        )
+    return run_id
+
+
+def contained(root: Path, *parts: str) -> Path:
+    """`root/parts...`, resolved; a SpecError when links or `..` would take it outside `root`."""
+    base = Path(root).resolve()
+    path = base.joinpath(*parts).resolve()
+    if not path.is_relative_to(base) or path == base:
+        raise SpecError(f"{'/'.join(parts)!r} resolves to {path}, outside {base}; use a plain name under it")
+    return path

@@ -1,0 +1,374 @@
+"""The platform as a service on one machine: a Dagster code server, webserver and daemon for a platform home.
+
+`tp server start|stop|status` runs them in the background; every `tp` command that submits or reads
+runs starts them when they are not running. Each process has its own process group, its pid and
+start time in `$TP_HOME/server/server.json` and its log beside it, so `stop` ends exactly what
+`start` started (a pid reused by another program since is left alone).
+
+The three processes, as a team deployment runs them (Dagster's `dagster dev` does the same, but
+stops everything when one part dies):
+- the code server loads `definitions` once and starts each run in a process of its own, so runs
+  outlive a webserver or daemon restart;
+- the webserver serves the UI and the GraphQL API that `tp` is a client of;
+- the daemon dequeues runs (the queued run coordinator of deploy/dagster/dagster.yaml: per-team
+  limits and priorities), and runs sensors, schedules and backfills.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+from training_platform.errors import PlatformError
+from training_platform.paths import PROJECT_ROOT, PlatformHome
+from training_platform.submission import LOCATION
+
+DEFAULT_PORT = 3000
+PORT_ENV = "TP_SERVER_PORT"
+SHIPPED_INSTANCE = PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml"
+COMPONENTS = ("code-server", "webserver", "daemon")
+START_TIMEOUT_S = 180.0
+LOAD_ERROR_GRACE_S = 15.0
+STOP_TIMEOUT_S = 30.0
+
+
+class ServerError(PlatformError):
+    """The platform server cannot start or be reached; the message says why and the fix."""
+
+
+@dataclass(frozen=True)
+class ServerProcess:
+    name: str
+    pid: int
+    started: float  # the process's start time: a pid reused by another program is not ours
+
+    def alive(self) -> bool:
+        try:
+            process = psutil.Process(self.pid)
+            return abs(process.create_time() - self.started) < 1.0 and process.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+
+@dataclass
+class ServerState:
+    port: int
+    grpc_port: int
+    processes: dict[str, ServerProcess] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def alive(self) -> dict[str, bool]:
+        return {name: name in self.processes and self.processes[name].alive() for name in COMPONENTS}
+
+
+class LocalServer:
+    """The platform server of one platform home."""
+
+    def __init__(self, home: PlatformHome):
+        self.home = home
+        self.dir = home.root / "server"
+        self.state_file = self.dir / "server.json"
+        self.workspace = self.dir / "workspace.yaml"
+
+    # ----- reading ----------------------------------------------------------------------------
+    def state(self) -> ServerState | None:
+        """What `start` recorded (None when nothing was, or the record cannot be read: nothing of it is trusted)."""
+        try:
+            raw = json.loads(self.state_file.read_text())
+            processes = {name: ServerProcess(**p) for name, p in raw.get("processes", {}).items()}
+            return ServerState(int(raw["port"]), int(raw["grpc_port"]), processes)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def running(self) -> ServerState | None:
+        """The state when every part is alive and the webserver answers; else None."""
+        state = self.state()
+        if state is None or not all(state.alive().values()):
+            return None
+        return state if _answers(state.url) else None
+
+    def answering(self) -> ServerState | None:
+        """The state when the webserver answers, whatever else runs (its runs can be listed and cancelled)."""
+        state = self.state()
+        return state if state is not None and state.alive()["webserver"] and _answers(state.url) else None
+
+    def log_path(self, name: str) -> Path:
+        return self.dir / f"{name}.log"
+
+    # ----- starting ---------------------------------------------------------------------------
+    def start(self, port: int | None = None, say=print) -> ServerState:
+        """Start whatever part is not running (all of them on a fresh home); wait until runs can be submitted."""
+        self._check_writable()
+        with self._start_lock():
+            state = self.state()
+            alive = state.alive() if state else dict.fromkeys(COMPONENTS, False)
+            if state is None or not any(alive.values()):
+                state = ServerState(port or _default_port(), _free_port())
+                _check_port_free(state.port)
+                self._write_instance_config(say)
+                self._write_workspace(state.grpc_port)
+            elif port is not None and port != state.port:
+                raise ServerError(
+                    f"the platform server of {self.home.root} already runs on port {state.port}; "
+                    f"stop it first (`tp server stop`) to move it to port {port}"
+                )
+            missing = [name for name in COMPONENTS if not alive[name]]
+            if not missing:
+                return self._wait_ready(state)
+            for name in missing:
+                state.processes.pop(name, None)  # what died is started again, not waited for
+            say(f"starting the platform server ({', '.join(missing)}) for {self.home.root}; logs in {self.dir}")
+            for name in missing:
+                if name == "webserver" and not alive["code-server"]:
+                    self._wait_for_grpc(state)
+                state.processes[name] = self._spawn(name, state)
+                self._save(state)
+                if name == "webserver":
+                    # The webserver creates the instance's storage: the daemon starts after it, not beside it.
+                    self._wait_ready(state)
+            return self._wait_ready(state)
+
+    def _spawn(self, name: str, state: ServerState) -> ServerProcess:
+        bin_dir = Path(sys.executable).parent
+        commands = {
+            "code-server": [
+                str(bin_dir / "dagster"), "code-server", "start", "-m", LOCATION, "--location-name",
+                LOCATION, "-h", "127.0.0.1", "-p", str(state.grpc_port), "--working-directory", str(PROJECT_ROOT),
+            ],
+            "webserver": [
+                str(bin_dir / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(state.port), "-w", str(self.workspace),
+            ],
+            "daemon": [str(bin_dir / "dagster-daemon"), "run", "-w", str(self.workspace)],
+        }
+        env = {
+            **os.environ,
+            "TP_HOME": str(self.home.root),
+            "DAGSTER_HOME": str(self.home.dagster_home),
+            "PYTHONUNBUFFERED": "1",
+        }
+        with open(self.log_path(name), "ab") as log:
+            process = subprocess.Popen(
+                commands[name],
+                cwd=PROJECT_ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group: `stop` ends it with every process it started
+            )
+        return ServerProcess(name, process.pid, psutil.Process(process.pid).create_time())
+
+    def _wait_for_grpc(self, state: ServerState) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _port_open(state.grpc_port):
+            self._fail_if_dead(state, "code-server")
+            if time.monotonic() > deadline:
+                log = self.log_path("code-server")
+                raise ServerError(f"the code server did not listen within {START_TIMEOUT_S:.0f} s; see {log}")
+            time.sleep(0.2)
+
+    def _wait_ready(self, state: ServerState) -> ServerState:
+        """Until the webserver answers and has loaded the code location.
+
+        A load error is reported once it persists for LOAD_ERROR_GRACE_S: a webserver whose code server
+        was just started again shows the location as failed until it reconnects.
+        """
+        deadline = time.monotonic() + START_TIMEOUT_S
+        failing_since: float | None = None
+        while True:
+            for name in state.processes:
+                self._fail_if_dead(state, name)
+            problem = location_problem(state.url)
+            if problem is None:
+                return state
+            loading = problem.startswith("loading") or problem == "unreachable"
+            failing_since = None if loading else failing_since or time.monotonic()
+            if failing_since is not None and time.monotonic() - failing_since > LOAD_ERROR_GRACE_S:
+                raise ServerError(f"the platform's code does not load: {problem}; see {self.log_path('code-server')}")
+            if time.monotonic() > deadline:
+                raise ServerError(
+                    f"the platform server did not become ready within {START_TIMEOUT_S:.0f} s ({problem}); "
+                    f"see the logs in {self.dir}"
+                )
+            time.sleep(0.25)
+
+    def _fail_if_dead(self, state: ServerState, name: str) -> None:
+        if not state.processes[name].alive():
+            tail = _tail(self.log_path(name))
+            raise ServerError(f"the platform's {name} exited at start: {tail}; see {self.log_path(name)}")
+
+    def _write_instance_config(self, say) -> None:
+        """The shipped instance config (the queue), when the home has none or an older copy of it; an instance
+        config of the operator's own is kept, with a word when it does not use the platform's queue."""
+        target = self.home.dagster_home / "dagster.yaml"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shipped = SHIPPED_INSTANCE.read_text()
+        current = target.read_text() if target.exists() else None
+        if current is None or current == _LEGACY_INSTANCE_CONFIG or (
+            current != shipped and current.startswith(shipped.splitlines()[0])
+        ):
+            target.write_text(shipped)
+        elif "TeamQueuedRunCoordinator" not in current:
+            say(f"note: {target} does not use the platform's queue (TeamQueuedRunCoordinator): per-team limits "
+                f"and priorities do not apply; see {SHIPPED_INSTANCE}")
+
+    def _write_workspace(self, grpc_port: int) -> None:
+        self.workspace.write_text(
+            "load_from:\n  - grpc_server:\n      host: 127.0.0.1\n"
+            f"      port: {grpc_port}\n      location_name: {LOCATION}\n"
+        )
+
+    def _save(self, state: ServerState) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        payload = {"port": state.port, "grpc_port": state.grpc_port}
+        payload["processes"] = {name: asdict(p) for name, p in state.processes.items()}
+        tmp.write_text(json.dumps(payload, indent=2))
+        tmp.replace(self.state_file)
+
+    def _check_writable(self) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            probe = self.dir / f".write-probe-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise ServerError(
+                f"the platform home {self.home.root} is not writable ({exc.strerror}); "
+                "set TP_HOME to a directory you can write"
+            ) from None
+
+    @contextlib.contextmanager
+    def _start_lock(self) -> Iterator[None]:
+        """One starter at a time: three `tp train` at once on a fresh home start one server."""
+        with open(self.dir / "start.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    # ----- stopping ---------------------------------------------------------------------------
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> list[str]:
+        """Stop the processes `start` started (daemon first, code server last); the names stopped."""
+        with self._start_lock():
+            state = self.state()
+            if state is None:
+                return []
+            stopped = []
+            for name in reversed(COMPONENTS):
+                process = state.processes.get(name)
+                if process is not None and process.alive():
+                    _stop_group(process, timeout_s)
+                    stopped.append(name)
+            self.state_file.unlink(missing_ok=True)
+            return stopped
+
+
+# Written by earlier versions of `tp` into a new home: no queue, so it is replaced by the shipped config.
+_LEGACY_INSTANCE_CONFIG = "telemetry:\n  enabled: false\n"
+
+
+def _stop_group(process: ServerProcess, timeout_s: float) -> None:
+    """SIGTERM to the process's group (Dagster shuts its children down on it), SIGKILL after the timeout."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while process.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if process.alive():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def _default_port() -> int:
+    raw = os.environ.get(PORT_ENV, str(DEFAULT_PORT))
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ServerError(f"{PORT_ENV}={raw!r} is not a port number; set it to a free port such as 3000")
+    return int(raw)
+
+
+def _check_port_free(port: int) -> None:
+    with socket.socket() as probe:
+        # As the webserver binds: connections of a server stopped a moment ago (TIME_WAIT) do not count.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            raise ServerError(
+                f"port {port} is taken (another program, or the server of another platform home); "
+                f"start on another one: `tp server start --port N` or {PORT_ENV}=N"
+            ) from None
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1.0)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/server_info", timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+_LOCATION_QUERY = """{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
+  locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
+
+
+def location_problem(url: str) -> str | None:
+    """None when the webserver at `url` has loaded the platform's code location; else what is wrong."""
+    request = urllib.request.Request(
+        f"{url}/graphql",
+        data=json.dumps({"query": _LOCATION_QUERY}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = json.loads(response.read())
+    except (urllib.error.URLError, OSError, json.JSONDecodeError):
+        return "unreachable"
+    workspace = (body.get("data") or {}).get("workspaceOrError") or {}
+    for entry in workspace.get("locationEntries", []):
+        if entry["name"] != LOCATION:
+            continue
+        if entry["loadStatus"] == "LOADING":
+            return "loading the code location"
+        loaded = entry.get("locationOrLoadError") or {}
+        if loaded.get("__typename") == "PythonError":
+            return loaded["message"].strip().splitlines()[-1]
+        return None if loaded else "loading the code location"
+    return "loading the code location"
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    return " | ".join(text[-lines:]) or "no output"

@@ -1,0 +1,74 @@
+"""What a submission to the platform server looks like: job names, tags and run config.
+
+Shared by the client (`tp`, through GraphQL) and the code location (assets, sensors, schedules),
+so both sides name a job, a tag or a config field the same way.
+"""
+
+from __future__ import annotations
+
+from training_platform.spec import TrainSpec
+
+LOCATION = "definitions"
+"""The code location's name (the `definitions` module) and its repository's, as the server knows them."""
+REPOSITORY = "__repository__"
+TRAINING_RUNS = "training_runs"
+"""The dynamic partitions of training runs: one per run, keyed by its run id."""
+TRAINING_JOB = "training_pipeline"
+SNAPSHOT_JOB = "dataset_snapshot_job"
+SWEEP_JOB = "sweep_job"
+RUN_ASSETS = ("training_run", "checkpoints", "evaluated_model", "registered_model")
+OWN_CODE_ASSETS = ("training_run", "checkpoints")  # a user's own script: templates' evaluation does not apply
+
+PARTITION_TAG = "dagster/partition"
+BACKFILL_TAG = "dagster/backfill"
+THEN_TRAIN_TAG = "tp/then_train"
+"""On a snapshot run: the training run (partition) to start once the snapshot passes its expectations."""
+SERIAL_TAG = "tp/serial"
+"""Runs that share a value run one at a time, in the order queued (deploy/dagster/dagster.yaml)."""
+SWEEP_TAG = "sweep"
+OWN_CODE_TAG = "tp/own_code"
+"""On a run of a user's own script: only training_run and checkpoints are materialized."""
+RESUME_TAG = "tp/resume_of"
+RETRY_TAG = "tp/retry_of"
+REPRODUCTION_TAG = "tp/reproduction_of"
+CARRIED_TAGS = ("team", "owner", "dagster/priority", SWEEP_TAG, OWN_CODE_TAG)
+"""What a resume, a retry or a reproduction keeps of the run it continues."""
+
+
+# Bad input fails the same way every time, and a run over its team's budget stays over it: retrying either
+# only burns compute or fails again.
+NOT_RETRYABLE = ("SpecError", "SnapshotError", "BudgetError")
+
+
+def retry_expected(error_class: str | None, retries_used: int, retries_allowed: int) -> bool:
+    """Whether a failed training run is resubmitted (sensors/run_status.py decides; `tp` follows into it)."""
+    return error_class not in NOT_RETRYABLE and retries_used < retries_allowed
+
+
+def carried_tags(tags: dict[str, str]) -> dict[str, str]:
+    return {key: value for key, value in tags.items() if key in CARRIED_TAGS}
+
+
+def run_assets(tags: dict[str, str]) -> tuple[str, ...]:
+    """The assets a run materializes: all of them, or a user's own script's two."""
+    return OWN_CODE_ASSETS if tags.get(OWN_CODE_TAG) == "1" else RUN_ASSETS
+
+
+def assets_for(spec: TrainSpec) -> tuple[str, ...]:
+    return OWN_CODE_ASSETS if spec.entrypoint is not None else RUN_ASSETS
+
+
+def training_run_config(spec: TrainSpec | None = None, backend: str | None = None) -> dict:
+    """Config of a training_pipeline run: a new run's spec (JSON), an override of its backend."""
+    config = ({"spec": spec.model_dump_json()} if spec is not None else {}) | ({"backend": backend} if backend else {})
+    return {"ops": {"training_run": {"config": config}}} if config else {}
+
+
+def snapshot_run_config(source: str, landing_dir: str | None = None, then_train: TrainSpec | None = None) -> dict:
+    """Config of a dataset_snapshot run that builds `source`, then (tagged THEN_TRAIN_TAG) trains `then_train`."""
+    config: dict[str, str] = {"source": source}
+    if landing_dir:
+        config["landing_dir"] = landing_dir
+    if then_train is not None:
+        config["spec"] = then_train.model_dump_json()
+    return {"ops": {"dataset_snapshot": {"config": config}}}

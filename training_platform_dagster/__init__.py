@@ -1,0 +1,1 @@
+"""Dagster instance plumbing of the platform (loaded by the webserver and daemon from dagster.yaml)."""

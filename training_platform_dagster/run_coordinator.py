@@ -1,0 +1,78 @@
+"""The run queue: Dagster's queued run coordinator, with every run of the platform tagged by its own spec.
+
+Every run enters the queue here, whoever submits it: `tp`, the UI's Materialize button, a backfill,
+a sensor's resume or retry, a sweep's trial, the nightly schedule. A run of the platform's jobs gets
+the `team`, `owner` and `dagster/priority` of the spec it trains (or, for a sweep, of the sweep's base)
+before it is queued, so per-team limits and priorities (deploy/dagster/dagster.yaml) hold for all of
+them, and a submitter cannot take another team's slots by tagging its run with that team. A run of the
+platform's jobs with no spec (a snapshot of new data) queues as team `platform`. The spec's team is
+checked against the teams file when the run trains (preflight); `owner` is what the spec says: the
+platform does not authenticate users.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dagster import DagsterRun, QueuedRunCoordinator, SubmitRunContext
+
+from training_platform.errors import PlatformError
+from training_platform.paths import PlatformHome
+from training_platform.runs import load_run_spec, spec_from_json, spec_tags
+from training_platform.spec import TrainSpec
+from training_platform.submission import (
+    PARTITION_TAG,
+    RUN_ASSETS,
+    SNAPSHOT_JOB,
+    SWEEP_JOB,
+    THEN_TRAIN_TAG,
+    TRAINING_JOB,
+)
+from training_platform.sweeps import SweepQueue, parse_sweep
+
+UNATTRIBUTED_TEAM = "platform"
+PLATFORM_ASSETS = {*RUN_ASSETS, "dataset_snapshot", "sweep"}
+
+
+class TeamQueuedRunCoordinator(QueuedRunCoordinator):
+    """QueuedRunCoordinator that sets the queue tags of the platform's runs from their specs before queueing."""
+
+    def submit_run(self, context: SubmitRunContext) -> DagsterRun:
+        run = context.dagster_run
+        tags = queue_tags_of(run, PlatformHome.from_env())
+        if tags and any(run.tags.get(key) != value for key, value in tags.items()):
+            self._instance.add_run_tags(run.run_id, tags)
+        return super().submit_run(context)
+
+
+def queue_tags_of(run: DagsterRun, home: PlatformHome) -> dict[str, str]:
+    """The tags that queue a run of the platform's jobs; none for other jobs (they keep their own)."""
+    assets = {key.to_user_string() for key in run.asset_selection or ()}
+    if run.job_name not in (TRAINING_JOB, SNAPSHOT_JOB, SWEEP_JOB) and not assets & PLATFORM_ASSETS:
+        return {}
+    sweep = run.job_name == SWEEP_JOB or "sweep" in assets
+    spec = spec_of(run, home, trains=run.job_name == TRAINING_JOB or "training_run" in assets, sweep=sweep)
+    return spec_tags(spec) if spec is not None else {"team": UNATTRIBUTED_TEAM}
+
+
+def spec_of(run: DagsterRun, home: PlatformHome, trains: bool, sweep: bool = False) -> TrainSpec | None:
+    """The spec a run trains: from its config (a new run, a snapshot that starts one, a sweep's base), else the
+    spec its run was registered with (for a snapshot, the run it starts; for a sweep released from the queue,
+    its base); None when it has none, or one that does not parse (the run fails on it, with the full message)."""
+    ops: dict[str, Any] = (run.run_config or {}).get("ops", {})
+    try:
+        for op in ("training_run", "dataset_snapshot"):
+            raw = (ops.get(op) or {}).get("config", {}).get("spec")
+            if raw:
+                return spec_from_json(raw, source=f"run config of {op}")
+        raw_sweep = (ops.get("sweep") or {}).get("config", {}).get("sweep_spec")
+        if raw_sweep:
+            return parse_sweep(json.loads(raw_sweep), source="run config of sweep").base_spec
+        if sweep and (name := run.tags.get(PARTITION_TAG)):
+            queued = SweepQueue(home.root).get(name)
+            return queued.sweep.base_spec if queued is not None else None
+        registered = run.tags.get(PARTITION_TAG) if trains else run.tags.get(THEN_TRAIN_TAG)
+        return load_run_spec(home, registered) if registered else None
+    except (PlatformError, json.JSONDecodeError):
+        return None
