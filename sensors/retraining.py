@@ -32,10 +32,9 @@ from training_platform.datasets.daily import is_dated_source, list_drops
 from training_platform.errors import PlatformError
 from training_platform.retraining import register_day_run
 from training_platform.runs import load_run_spec, register_submitted, spec_from_json, spec_tags
+from training_platform.shipped import DAILY_SPEC
 from training_platform.spec import TrainSpec, load_spec
 from training_platform.submission import BACKFILL_TAG, SERIAL_TAG, THEN_TRAIN_TAG, snapshot_run_config
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class RetrainingConfig(BaseModel):
@@ -44,9 +43,7 @@ class RetrainingConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     cron: str = Field("0 2 * * *", description="cron of the nightly tick (TP_RETRAIN_CRON); default 02:00")
     timezone: str = Field("UTC", description="timezone of the cron and of 'the day' (TP_RETRAIN_TIMEZONE)")
-    spec_path: Path = Field(
-        PROJECT_ROOT / "examples" / "digits-daily.yaml", description="spec retrained every day (TP_RETRAIN_SPEC)"
-    )
+    spec_path: Path = Field(DAILY_SPEC, description="spec retrained every day (TP_RETRAIN_SPEC)")
     days_back: int = Field(
         1, ge=0, description="train on the data as of this many days before the tick (1: the day just finished)"
     )

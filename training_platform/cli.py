@@ -38,19 +38,17 @@ from training_platform.errors import PlatformError, SpecError
 from training_platform.launch import RunRequest
 from training_platform.launch.registry import launcher_for
 from training_platform.lifecycle import commands as lifecycle_commands
-from training_platform.paths import PROJECT_ROOT, PlatformHome
+from training_platform.paths import PlatformHome
 from training_platform.preflight import preflight
 from training_platform.redaction import redact
 from training_platform.retraining import days_between
 from training_platform.run_windows import RunWindowQueue, run_window, waits_for_window
 from training_platform.runs import new_run_id, spec_tags
 from training_platform.server_cli import server_app
+from training_platform.shipped import DAILY_SPEC, DEMO_SPEC
 from training_platform.spec import BACKENDS, TrainSpec, load_spec, parse_spec
 from training_platform.sweeps import load_sweep
 from training_platform.team_policy import resolve_team
-
-DEMO_SPEC = PROJECT_ROOT / "examples" / "digits.yaml"
-RETRAIN_SPEC = PROJECT_ROOT / "examples" / "digits-daily.yaml"
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train, track and reproduce models.")
 app.add_typer(cost_app, name="cost")
@@ -240,7 +238,7 @@ def _follow_sweep(platform, name: str, dagster_run_id: str) -> dict[str, Any]:
 def retrain(
     first: Annotated[str, typer.Option("--from", help="first day to rebuild (YYYY-MM-DD)")],
     last: Annotated[str, typer.Option("--to", help="last day to rebuild (YYYY-MM-DD), included")],
-    spec_path: Annotated[Path, typer.Option("--spec", help="spec retrained each day")] = RETRAIN_SPEC,
+    spec_path: Annotated[Path, typer.Option("--spec", help="spec retrained each day")] = DAILY_SPEC,
     as_json: JsonFlag = False,
 ) -> None:
     """Backfill days: each day's dataset snapshot, then its run `<spec name>-<day>`; promotion only by the gate."""

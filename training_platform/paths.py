@@ -13,8 +13,10 @@ from pathlib import Path
 
 from training_platform.identifiers import check_run_id, contained
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-"""The source checkout: examples/ and deploy/ live here."""
+_PARENT = Path(__file__).resolve().parent.parent
+SOURCE_CHECKOUT: Path | None = _PARENT if (_PARENT / "pyproject.toml").is_file() else None
+"""The source tree this package runs from (an editable install); None when installed from a wheel.
+What the platform needs at run time is in the package itself (training_platform/shipped/)."""
 
 
 @dataclass(frozen=True)

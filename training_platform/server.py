@@ -34,12 +34,13 @@ from pathlib import Path
 import psutil
 
 from training_platform.errors import PlatformError
-from training_platform.paths import PROJECT_ROOT, PlatformHome
+from training_platform.paths import SOURCE_CHECKOUT, PlatformHome
+from training_platform.shipped import INSTANCE_CONFIG
 from training_platform.submission import LOCATION
 
 DEFAULT_PORT = 3000
 PORT_ENV = "TP_SERVER_PORT"
-SHIPPED_INSTANCE = PROJECT_ROOT / "deploy" / "dagster" / "dagster.yaml"
+SHIPPED_INSTANCE = INSTANCE_CONFIG
 COMPONENTS = ("code-server", "webserver", "daemon")
 START_TIMEOUT_S = 180.0
 LOAD_ERROR_GRACE_S = 15.0
@@ -147,10 +148,13 @@ class LocalServer:
 
     def _spawn(self, name: str, state: ServerState) -> ServerProcess:
         bin_dir = Path(sys.executable).parent
+        # Where a relative path in a spec resolves: the source tree when running from one (examples/...),
+        # else the home. An installed wheel imports `definitions` from site-packages either way.
+        workdir = SOURCE_CHECKOUT or self.dir
         commands = {
             "code-server": [
                 str(bin_dir / "dagster"), "code-server", "start", "-m", LOCATION, "--location-name",
-                LOCATION, "-h", "127.0.0.1", "-p", str(state.grpc_port), "--working-directory", str(PROJECT_ROOT),
+                LOCATION, "-h", "127.0.0.1", "-p", str(state.grpc_port), "--working-directory", str(workdir),
             ],
             "webserver": [
                 str(bin_dir / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(state.port), "-w", str(self.workspace),
@@ -166,7 +170,7 @@ class LocalServer:
         with open(self.log_path(name), "ab") as log:
             process = subprocess.Popen(
                 commands[name],
-                cwd=PROJECT_ROOT,
+                cwd=workdir,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

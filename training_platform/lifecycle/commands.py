@@ -7,15 +7,17 @@ schedule does (both are safe while runs save: see checkpoints/retention.py).
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from training_platform.cli_common import JsonFlag, console, fail, home, say
 from training_platform.errors import PlatformError
-from training_platform.lifecycle.collect import LifecycleReport, run_lifecycle
 from training_platform.lifecycle.settings import load_settings, settings_path
+
+if TYPE_CHECKING:
+    from training_platform.lifecycle.collect import LifecycleReport
 
 
 def gc(
@@ -27,6 +29,9 @@ def gc(
     as_json: JsonFlag = False,
 ) -> None:
     """Free checkpoint chunks no kept checkpoint needs; move old checkpoints to the cold tier."""
+    # Imported here: the stores' readers import torch (1.2 s), which every other `tp` command goes without.
+    from training_platform.lifecycle.collect import run_lifecycle
+
     try:
         platform_home = home()
         settings = load_settings(platform_home.root)

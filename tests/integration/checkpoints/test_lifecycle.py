@@ -18,7 +18,8 @@ from mlflow.tracking import MlflowClient
 from tests.fixtures.platform import TP, last_json, platform_env
 from training_platform.checkpoints import open_store
 from training_platform.lifecycle.registry import model_pin_reason
-from training_platform.paths import PROJECT_ROOT, PlatformHome
+from training_platform.paths import PlatformHome
+from training_platform.shipped import DEMO_SPEC
 from training_platform.spec import load_spec
 from training_platform.train.checkpointing import RunCheckpointer, retention_policy
 from training_platform.train.templates import get_template
@@ -64,7 +65,7 @@ def register(client: MlflowClient, store_uri: str, run_key: str, step: int) -> s
 
 
 def test_ten_runs_with_keep_last_2_then_gc_keep_only_what_retention_keeps(home):
-    spec = load_spec(PROJECT_ROOT / "examples" / "digits.yaml")
+    spec = load_spec(DEMO_SPEC)
     spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"keep_last": 2})})
     store_uri = str(home.checkpoints)
     client = MlflowClient(tracking_uri=home.mlflow_tracking_uri)
