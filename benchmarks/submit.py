@@ -1,6 +1,6 @@
 """Submission benchmark: a run through the platform server against the in-process path, side by side, in one run.
 
-Prints one ``name: value`` line per figure (targets: issue 19), then the measurements behind them as
+Prints one ``name: value`` line per figure (targets: issue 31), then the measurements behind them as
 ``detail_*`` lines. Both sides alternate ``--repeats`` times and the figure is the median.
 
   submit_to_first_step_ratio      seconds from `tp train` to the run's first training step against a running
@@ -10,6 +10,10 @@ Prints one ``name: value`` line per figure (targets: issue 19), then the measure
                                   it reuses; the in-process path built the snapshot on every `tp train`.
                                   `detail_cold_*`: a fresh home on both sides (the server side builds the snapshot
                                   first too, through its queue and the retraining sensor).
+  client_seconds                  wall time of `tp runs` against the running server with 50 training runs in its
+                                  instance (median of 5; target <= 1.0): the server side's own runs, plus copies
+                                  of the last one's record under other run ids. `detail_client_floor_seconds`:
+                                  `tp --help`, what starting the command line alone costs.
   queue_overhead_seconds_per_run  100 runs queued at once on the shipped queue (3 teams, 2 runs each at most, 6 in
                                   all; a 1 s job each): mean seconds a run stays queued after the slot limits would
                                   have let it leave (real daemon; dequeue from the RUN_STARTING event)
@@ -39,6 +43,7 @@ from tests.fixtures.platform import free_port  # noqa: E402
 from training_platform.runlog import RunEvents  # noqa: E402
 
 TP = str(Path(sys.executable).with_name("tp"))
+CLIENT_RUNS = 50
 
 
 def spec_file(directory: Path) -> Path:
@@ -125,6 +130,7 @@ def submit_to_first_step(work: Path, repeats: int) -> None:
             inproc = in_process_side(inproc_home, inproc_env, spec)
             server = server_side(server_home, server_env, spec)
             pairs.append((server, inproc))
+        listed, floor = client_seconds(server_home, server_env)
     finally:
         subprocess.run([TP, "server", "stop", "--force"], env=server_env, capture_output=True)
     ratio = statistics.median(s / i for s, i in pairs)
@@ -132,6 +138,39 @@ def submit_to_first_step(work: Path, repeats: int) -> None:
     print("detail_submit_to_first_step_seconds: " + ", ".join(f"server {s:.1f} / in-process {i:.1f}" for s, i in pairs))
     print(f"detail_cold_submit_to_first_step_seconds: server {cold_server:.1f} / in-process {cold_inproc:.1f} "
           f"(ratio {cold_server / cold_inproc:.3f}; fresh homes, the snapshot built first on both sides)")
+    print(f"client_seconds: {statistics.median(listed):.3f} (tp runs, {CLIENT_RUNS} runs, median of {len(listed)}; "
+          "target <= 1.0)")
+    print("detail_client_seconds: " + ", ".join(f"{t:.3f}" for t in listed))
+    print(f"detail_client_floor_seconds: {statistics.median(floor):.3f} (tp --help, median of {len(floor)})")
+
+
+def client_seconds(home: Path, env: dict, repeats: int = 5) -> tuple[list[float], list[float]]:
+    """`tp runs` with CLIENT_RUNS training runs in the server's instance, timed; and `tp --help`, timed."""
+    import uuid
+
+    import dagster as dg
+
+    from training_platform.submission import PARTITION_TAG, TRAINING_JOB
+
+    with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
+        trained = instance.get_runs(dg.RunsFilter(job_name=TRAINING_JOB))
+        last = trained[0]
+        for n in range(CLIENT_RUNS - len(trained)):
+            partition = f"{last.tags[PARTITION_TAG]}-copy{n}"
+            instance.add_run(last._replace(run_id=str(uuid.uuid4()), tags={**last.tags, PARTITION_TAG: partition}))
+
+    def timed(*args: str) -> float:
+        started = time.perf_counter()
+        done = subprocess.run([TP, *args], env=env, capture_output=True, text=True, cwd=ROOT)
+        elapsed = time.perf_counter() - started
+        if done.returncode != 0:
+            raise RuntimeError(f"tp {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+        if args[0] == "runs" and len(json.loads(done.stdout.splitlines()[-1])["runs"]) != CLIENT_RUNS:
+            raise RuntimeError(f"tp runs listed another number of runs than {CLIENT_RUNS}:\n{done.stdout[-3000:]}")
+        return elapsed
+
+    timed("runs", "--json")  # warm: the first query also warms the webserver's caches
+    return [timed("runs", "--json") for _ in range(repeats)], [timed("--help") for _ in range(repeats)]
 
 
 def queue_overhead(work: Path) -> None:

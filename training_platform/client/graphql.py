@@ -1,9 +1,10 @@
 """`tp` as a client of the platform server: submit runs, read them, cancel them, over Dagster's GraphQL API.
 
-Submitting and terminating use dagster-graphql's `DagsterGraphQLClient`; what it does not wrap
-(adding a partition, listing runs, reading materializations, check results and captured logs,
-launching a backfill) is one documented GraphQL query each, sent through the same transport.
-Nothing here executes a pipeline: every run goes through the server's queue.
+Every request is one GraphQL document POSTed to the webserver's /graphql with the standard library:
+submitting and terminating send the mutations dagster-graphql's `DagsterGraphQLClient` sends, the rest
+(adding a partition, listing runs, reading materializations, check results and captured logs, launching
+a backfill) one documented query each. Importing dagster-graphql would import dagster (over a second),
+which `tp runs` must not pay. Nothing here executes a pipeline: every run goes through the server's queue.
 
 A platform run (a `training_runs` partition, named like `digits-classifier-20261123-...`) may have
 several Dagster runs: the first attempt, resumes after preemptions, retries, reproductions. The
@@ -13,6 +14,8 @@ newest one is the run's current state.
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,6 +130,17 @@ _DAEMONS = """{ instance { daemonHealth { allDaemonStatuses { daemonType require
 _CAPTURED_LOGS = """query($key: [String!]!, $cursor: String) {
   capturedLogs(logKey: $key, cursor: $cursor) { stdout cursor } }"""
 
+# The mutations dagster-graphql's client sends (dagster_graphql/client/client_queries.py).
+_SUBMIT = """mutation GraphQLClientSubmitRun($executionParams: ExecutionParams!) {
+  launchPipelineExecution(executionParams: $executionParams) { __typename
+    ... on InvalidStepError { invalidStepKey } ... on InvalidOutputError { stepKey invalidOutputName }
+    ... on LaunchPipelineRunSuccess { run { runId } } ... on ConflictingExecutionParamsError { message }
+    ... on PresetNotFoundError { message } ... on PipelineRunConflict { message }
+    ... on PipelineConfigValidationInvalid { errors { __typename message path reason } }
+    ... on PipelineNotFoundError { message } ... on PythonError { message } ... on UnauthorizedError { message } } }"""
+_TERMINATE = """mutation GraphQLClientTerminateRun($runId: String!) { terminateRun(runId: $runId) { __typename
+    ... on TerminateRunSuccess { run { runId } } ... on TerminateRunFailure { message }
+    ... on RunNotFoundError { runId } ... on PythonError { message stack } } }"""
 _BACKFILL = """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
   __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message }
   ... on PartitionKeysNotFoundError { message } ... on UnauthorizedError { message }
@@ -137,31 +151,39 @@ class PlatformClient:
     """The platform server at `url` (the webserver's address, e.g. http://127.0.0.1:3000)."""
 
     def __init__(self, url: str, timeout_s: int = 60):
-        from dagster_graphql import DagsterGraphQLClient
-        from gql import Client
-        from gql.transport.requests import RequestsHTTPTransport
-
         self.url = url.rstrip("/")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ClientError(f"{url!r} is not a platform server's address; write it as http://host:port")
-        self._dagster = DagsterGraphQLClient(
-            parts.hostname, port_number=parts.port, use_https=parts.scheme == "https", timeout=timeout_s,
-            path_prefix=parts.path,
-        )
-        self._gql = Client(transport=RequestsHTTPTransport(url=f"{self.url}/graphql", timeout=timeout_s))
+        self.timeout_s = timeout_s
 
     # ----- transport --------------------------------------------------------------------------
     def query(self, document: str, **variables: Any) -> dict[str, Any]:
-        from gql import gql
-
+        """The `data` of one GraphQL request; a server that cannot be reached, or GraphQL errors, raise ClientError."""
+        request = urllib.request.Request(
+            f"{self.url}/graphql",
+            data=json.dumps({"query": document, "variables": variables}).encode(),
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
         try:
-            return self._gql.execute(gql(document), variable_values=variables)
-        except Exception as exc:  # noqa: BLE001 - requests, gql and GraphQL errors all mean the same to a user
-            raise ClientError(
-                f"the platform server at {self.url} did not answer ({_reason(exc)}); check it with `tp server status` "
-                "(or TP_SERVER_URL)"
-            ) from None
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as exc:  # GraphQL errors come with 400 and a JSON body
+            body = _json_or_none(exc.read())
+            if body is None:
+                raise self._unreachable(f"HTTP {exc.code} {exc.reason}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise self._unreachable(_reason(getattr(exc, "reason", None) or exc)) from None
+        if body.get("errors"):
+            messages = "; ".join(str(error.get("message", error)) for error in body["errors"])
+            raise ClientError(f"the platform server at {self.url} refused a request: {messages[:400]}")
+        return body["data"]
+
+    def _unreachable(self, reason: str) -> ClientError:
+        return ClientError(
+            f"the platform server at {self.url} did not answer ({reason}); check it with `tp server status` "
+            "(or TP_SERVER_URL)"
+        )
 
     # ----- submitting -------------------------------------------------------------------------
     def add_partition(self, key: str, partitions: str = TRAINING_RUNS) -> None:
@@ -175,15 +197,21 @@ class PlatformClient:
         self, job: str, tags: dict[str, str], run_config: dict[str, Any] | None = None, assets: Iterable[str] = ()
     ) -> str:
         """Queue a run of `job` (of only `assets` of it, when given) with `tags`; its Dagster run id."""
-        from dagster_graphql import DagsterGraphQLClientError
-
-        try:
-            return self._dagster.submit_job_execution(
-                job, repository_location_name=LOCATION, repository_name=REPOSITORY, run_config=run_config or {},
-                tags=tags, asset_selection=list(assets) or None,
-            )
-        except DagsterGraphQLClientError as exc:
-            raise ClientError(f"the server refused the {job} run: {_reason(exc)}") from None
+        selector: dict[str, Any] = {
+            "repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "pipelineName": job
+        }
+        if assets:
+            selector["assetSelection"] = [{"path": [asset]} for asset in assets]
+        params = {
+            "selector": selector,
+            "runConfigData": run_config or {},
+            "mode": "default",
+            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]},
+        }
+        result = self.query(_SUBMIT, executionParams=params)["launchPipelineExecution"]
+        if result["__typename"] in ("LaunchRunSuccess", "LaunchPipelineRunSuccess"):
+            return result["run"]["runId"]
+        raise ClientError(f"the server refused the {job} run: {result['__typename']}: {_result_text(result)}")
 
     def launch_backfill(self, asset: str, partitions: list[str], tags: dict[str, str], run_config: dict) -> str:
         params = {
@@ -200,12 +228,11 @@ class PlatformClient:
         return result["backfillId"]
 
     def terminate(self, dagster_run_id: str) -> None:
-        from dagster_graphql import DagsterGraphQLClientError
-
-        try:
-            self._dagster.terminate_run(dagster_run_id)
-        except DagsterGraphQLClientError as exc:
-            raise ClientError(f"the server could not terminate run {dagster_run_id}: {_reason(exc)}") from None
+        result = self.query(_TERMINATE, runId=dagster_run_id)["terminateRun"]
+        if result["__typename"] != "TerminateRunSuccess":
+            raise ClientError(
+                f"the server could not terminate run {dagster_run_id}: {result['__typename']}: {_result_text(result)}"
+            )
 
     # ----- reading ----------------------------------------------------------------------------
     def run(self, dagster_run_id: str) -> DagsterRun | None:
@@ -364,8 +391,23 @@ _MESSAGE_ONLY = {"PlatformError", "SpecError", "SnapshotError", "CheckpointError
                  "BudgetError", "ServerError", "Failure"}
 
 
-def _reason(exc: Exception) -> str:
-    """The first line of what went wrong (a DagsterGraphQLClientError carries (kind, message))."""
-    parts = [str(a) for a in exc.args if isinstance(a, str)] or [str(exc)]
+def _result_text(result: dict[str, Any]) -> str:
+    """What a mutation's error result says (a message, a step key, or config errors)."""
+    if result.get("errors"):
+        return "; ".join(error["message"] for error in result["errors"])
+    return str(result.get("message") or result.get("invalidStepKey") or result.get("runId") or "").strip()
+
+
+def _json_or_none(raw: bytes) -> dict[str, Any] | None:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) and ("errors" in body or "data" in body) else None
+
+
+def _reason(exc: object) -> str:
+    """The first line or two of what went wrong."""
+    parts = [str(a) for a in getattr(exc, "args", ()) if isinstance(a, str)] or [str(exc)]
     lines = [line for part in parts for line in part.strip().splitlines() if line.strip()]
     return ": ".join(lines[:2])[:400] if lines else type(exc).__name__
