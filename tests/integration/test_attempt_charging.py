@@ -13,8 +13,8 @@ import mlflow
 import psutil
 import pytest
 
-from assets import ALL_ASSETS
 from definitions import defs
+from tests.fixtures.materialize import materialize_partition
 from training_platform.cost import CostLedger, load_price_model
 from training_platform.cost.commands import summed_totals
 from training_platform.datasets import build_snapshot
@@ -39,10 +39,7 @@ def instance(tmp_path, monkeypatch):
 
 
 def _materialize(instance, run_id, box):
-    box["result"] = dg.materialize(
-        ALL_ASSETS, selection=SELECTION, partition_key=run_id, instance=instance, resources=defs.resources,
-        raise_on_error=False,
-    )
+    box["result"] = materialize_partition(instance, run_id, SELECTION)
 
 
 def _events_after(run_dir, job: int, timeout: float = 180):

@@ -3,9 +3,9 @@
 import dagster as dg
 import pytest
 
-from assets import ALL_ASSETS
 from definitions import defs
 from sensors.run_status import training_failure_sensor
+from tests.fixtures.materialize import materialize_partition
 from training_platform.datasets import build_snapshot
 from training_platform.paths import PlatformHome
 from training_platform.runs import register_run
@@ -27,15 +27,7 @@ def _fail(instance, home: PlatformHome, run_id: str, spec, tags: dict | None = N
     if not (home.run_dir(run_id) / "submitted_spec.json").exists():
         register_run(home, spec, run_id)
         instance.add_dynamic_partitions("training_runs", [run_id])
-    result = dg.materialize(
-        ALL_ASSETS,
-        selection=["training_run"],
-        partition_key=run_id,
-        instance=instance,
-        resources=defs.resources,
-        raise_on_error=False,
-        tags=tags or {},
-    )
+    result = materialize_partition(instance, run_id, tags=tags)
     assert not result.success
     return result
 

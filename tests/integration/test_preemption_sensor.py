@@ -8,9 +8,9 @@ import time
 import dagster as dg
 import pytest
 
-from assets import ALL_ASSETS
 from definitions import defs
 from sensors.preemption import preemption_sensor
+from tests.fixtures.materialize import materialize_partition
 from training_platform.datasets import build_snapshot
 from training_platform.paths import PlatformHome
 from training_platform.runlog import RunEvents
@@ -46,16 +46,7 @@ def _spec(home: PlatformHome):
 
 
 def _materialize(instance, run_id, run_config=None):
-    # Only the assets (their own checks run inside them): this test is about preemption, not alerts.
-    return dg.materialize(
-        ALL_ASSETS,
-        selection=SELECTION,
-        partition_key=run_id,
-        instance=instance,
-        resources=defs.resources,
-        raise_on_error=False,
-        run_config=run_config or {},
-    )
+    return materialize_partition(instance, run_id, SELECTION, run_config)
 
 
 def _job_pid(run_dir, timeout=120) -> int:

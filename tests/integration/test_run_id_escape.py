@@ -4,8 +4,7 @@ accepts any key) must not train a spec planted outside `$TP_HOME/runs`, nor writ
 import dagster as dg
 import pytest
 
-from assets import ALL_ASSETS
-from definitions import defs
+from tests.fixtures.materialize import materialize_partition, step_failure_message
 from training_platform.paths import PlatformHome
 from training_platform.spec import parse_spec
 
@@ -24,16 +23,8 @@ def test_a_partition_key_with_dots_fails_the_run_and_touches_nothing_outside(tmp
     key = "../outside"  # runs/../outside
     with dg.DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("training_runs", [key])
-        result = dg.materialize(
-            ALL_ASSETS,
-            selection=["training_run"],
-            partition_key=key,
-            instance=instance,
-            resources=defs.resources,
-            raise_on_error=False,
-        )
+        result = materialize_partition(instance, key)
     assert not result.success
-    (failure,) = [e for e in result.all_events if e.is_step_failure]
-    assert "run id '../outside' is not allowed" in failure.step_failure_data.error.cause.message
+    assert "run id '../outside' is not allowed" in step_failure_message(result)
     assert [p.name for p in planted.iterdir()] == ["submitted_spec.json"]
     assert not any(home.runs.iterdir())

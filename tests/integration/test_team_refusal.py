@@ -10,8 +10,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from assets import ALL_ASSETS
-from definitions import defs
+from tests.fixtures.materialize import materialize_partition, step_failure_message
 from training_platform.paths import PlatformHome
 from training_platform.runs import register_run
 from training_platform.spec import parse_spec
@@ -55,16 +54,8 @@ def test_the_training_asset_refuses_a_cross_team_spec(home):
     register_run(home, parse_spec(CROSS_TEAM), "sneaky-1")
     with dg.DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("training_runs", ["sneaky-1"])
-        result = dg.materialize(
-            ALL_ASSETS,
-            selection=["training_run"],
-            partition_key="sneaky-1",
-            instance=instance,
-            resources=defs.resources,
-            raise_on_error=False,
-        )
+        result = materialize_partition(instance, "sneaky-1")
     assert not result.success
-    (failure,) = [e for e in result.all_events if e.is_step_failure]
-    assert "kubernetes.namespace: 'nlp' is not team 'vision''s" in failure.step_failure_data.error.cause.message
+    assert "kubernetes.namespace: 'nlp' is not team 'vision''s" in step_failure_message(result)
     launched = {"spec.json", "pipes-messages.jsonl", "worker.log", "events.jsonl"}  # what a launch writes
     assert not launched & {p.name for p in home.run_dir("sneaky-1").iterdir()}
