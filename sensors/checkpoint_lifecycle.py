@@ -5,6 +5,7 @@ import os
 import dagster as dg
 
 from assets.lifecycle import checkpoint_lifecycle_job
+from sensors.schedule_switch import default_schedule_status
 from training_platform.runs import queue_tags
 
 # Off-peak by default; TP_CHECKPOINT_LIFECYCLE_CRON overrides it (read when the code loads).
@@ -16,7 +17,7 @@ checkpoint_lifecycle_schedule = dg.ScheduleDefinition(
     execution_timezone="UTC",
     job=checkpoint_lifecycle_job,
     # On by default: otherwise storage only grows.
-    default_status=dg.DefaultScheduleStatus.RUNNING,
+    default_status=default_schedule_status(),
     tags=queue_tags("platform", "low"),
     description=f"Every day ({LIFECYCLE_CRON} UTC): re-derive model pins, move old checkpoints to the cold tier, "
     "collect chunks no kept, pinned or in-flight checkpoint needs.",

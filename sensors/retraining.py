@@ -28,6 +28,7 @@ from assets.datasets import ASSET_KEY, daily_snapshots, landing_for
 from assets.jobs import run_asset_keys, snapshot_job, training_pipeline
 from assets.partitions import training_runs
 from resources.platform import PlatformResource
+from sensors.schedule_switch import default_schedule_status
 from training_platform.datasets.daily import is_dated_source, list_drops
 from training_platform.errors import PlatformError
 from training_platform.retraining import register_day_run
@@ -71,7 +72,7 @@ def build_retraining_schedule(settings: RetrainingConfig) -> dg.ScheduleDefiniti
         cron_schedule=settings.cron,
         execution_timezone=settings.timezone,
         job=snapshot_job,
-        default_status=dg.DefaultScheduleStatus.RUNNING,
+        default_status=default_schedule_status(),
         description=f"Retrain {settings.spec_path.name} on the data as of the day just finished, off-peak "
         f"({settings.cron} {settings.timezone}); promotion only through the gate.",
     )

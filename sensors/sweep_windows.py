@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from assets.jobs import run_asset_keys
+from sensors.schedule_switch import default_schedule_status
 from training_platform.paths import PlatformHome
 from training_platform.run_windows import RunWindowQueue
 from training_platform.runs import queue_tags
@@ -22,7 +23,7 @@ WINDOW_TAG = "tp/window_start"
     job_name="sweep_job",
     execution_timezone="UTC",
     # On by default: a queued sweep must start in its window without anyone switching this on.
-    default_status=dg.DefaultScheduleStatus.RUNNING,
+    default_status=default_schedule_status(),
     description="Every hour: start the queued sweeps whose cost window has opened; the others keep waiting.",
 )
 def sweep_window_schedule(context: dg.ScheduleEvaluationContext):
@@ -57,7 +58,7 @@ def sweep_window_schedule(context: dg.ScheduleEvaluationContext):
     cron_schedule=RELEASE_CRON,
     job_name=TRAINING_JOB,
     execution_timezone="UTC",
-    default_status=dg.DefaultScheduleStatus.RUNNING,
+    default_status=default_schedule_status(),
     description="Every hour: submit the runs with a cost.deadline whose cost window has opened (`tp train`).",
 )
 def run_window_schedule(context: dg.ScheduleEvaluationContext):

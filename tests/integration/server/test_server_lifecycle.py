@@ -10,6 +10,8 @@ import psutil
 import pytest
 
 from tests.fixtures.platform import Platform, free_port, last_json, platform_env, server_logs
+from training_platform.client.graphql import PlatformClient
+from training_platform.submission import LOCATION, REPOSITORY
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -22,6 +24,9 @@ def test_start_status_and_stop_end_exactly_what_started(tmp_path):
     assert last_json(started)["running"] == {"code-server": True, "webserver": True, "daemon": True}
     status = platform.tp("server", "status", "--json")
     assert status.returncode == 0 and last_json(status)["url"] == platform.url
+    schedules = _schedule_states(platform.url)  # the fixture's TP_SCHEDULES=off: nothing here runs by the hour
+    assert set(schedules) >= {"nightly_retraining", "checkpoint_lifecycle_schedule"}, schedules
+    assert set(schedules.values()) == {"STOPPED"}, schedules
     processes = json.loads((home / "server" / "server.json").read_text())["processes"]
     groups = {name: _group(p["pid"]) for name, p in processes.items()}
     assert all(groups.values()), groups  # each part with the processes it started (the code server's gRPC child)
@@ -60,6 +65,22 @@ def test_a_home_that_cannot_be_written_is_refused_in_one_line(tmp_path):
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "TP_HOME" in lines[0] and str(blocked / "home") in lines[0], proc.stderr
+
+
+_SCHEDULES = """
+query ($repo: RepositorySelector!) {
+  schedulesOrError(repositorySelector: $repo) {
+    __typename
+    ... on Schedules { results { name scheduleState { status } } }
+  }
+}"""
+
+
+def _schedule_states(url: str) -> dict[str, str]:
+    repo = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}
+    found = PlatformClient(url).query(_SCHEDULES, repo=repo)["schedulesOrError"]
+    assert found["__typename"] == "Schedules", found
+    return {s["name"]: s["scheduleState"]["status"] for s in found["results"]}
 
 
 def _group(pid: int) -> list[psutil.Process]:
