@@ -22,19 +22,9 @@ from training_platform.paths import PlatformHome
 from training_platform.runs import SUBMITTED_SPEC
 from training_platform.submission import PARTITION_TAG
 from training_platform.telemetry.alerts import RUN_RULES, Alert, evaluate_live, evaluate_run
-from training_platform.telemetry.records import RunRecord, latest_per_run, load_run_record
+from training_platform.telemetry.records import RunRecord, latest_per_run, orchestrated_record
 
 TRAINING_ASSET = dg.AssetKey("training_run")
-_STATES = {
-    dg.DagsterRunStatus.QUEUED: "QUEUED",
-    dg.DagsterRunStatus.NOT_STARTED: "QUEUED",
-    dg.DagsterRunStatus.STARTING: "QUEUED",
-    dg.DagsterRunStatus.STARTED: "RUNNING",
-    dg.DagsterRunStatus.SUCCESS: "SUCCEEDED",
-    dg.DagsterRunStatus.FAILURE: "FAILED",
-    dg.DagsterRunStatus.CANCELING: "CANCELED",
-    dg.DagsterRunStatus.CANCELED: "CANCELED",
-}
 MAX_REMEMBERED = 2000
 ALERT_TAG_PREFIX = "tp/alert/"
 TAG_VALUE_CHARS = 250  # what the run page shows of a tag; the full text is in the log and the check
@@ -56,25 +46,13 @@ def dagster_run_records(instance: dg.DagsterInstance, home: PlatformHome, limit:
     records = []
     for entry in instance.get_run_records(limit=limit):
         run = entry.dagster_run
-        if not is_training_run(run, home):
-            continue
-        run_id = run.tags[PARTITION_TAG]
-        on_disk = load_run_record(home, run_id)
-        worker_started = on_disk.started_at
-        created = entry.create_timestamp.timestamp()
-        # The worker's telemetry belongs to this Dagster run only if it started after the run was created.
-        if worker_started is not None and worker_started < created:
-            on_disk = RunRecord(run_id=run_id, family=on_disk.family, team=on_disk.team, max_steps=on_disk.max_steps)
-        status = _STATES.get(run.status, "UNKNOWN")
-        records.append(
-            on_disk.merged(
-                status=status,
-                queued_at=created,
-                ended_at=entry.end_time if status in ("SUCCEEDED", "FAILED", "CANCELED") else None,
-                team=on_disk.team or run.tags.get("team") or None,
-                extra={"dagster_run_id": run.run_id},
+        if is_training_run(run, home):
+            records.append(
+                orchestrated_record(
+                    home, run.tags[PARTITION_TAG], run.status.value, entry.create_timestamp.timestamp(),
+                    entry.end_time, run.tags.get("team", ""), run.run_id,
+                )
             )
-        )
     return records
 
 

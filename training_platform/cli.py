@@ -361,14 +361,16 @@ def _doctor_bench(spec_path: Path, home: PlatformHome) -> list:
     return bench(spec, spec.checkpoint.store_uri or str(home.checkpoints), home.snapshots, console)
 
 
-def _run_records():
-    """Run records from the Dagster instance merged with each run's telemetry (for status and metrics)."""
-    import dagster as dg
-
-    from sensors.alerts import dagster_run_records
+def _run_records(as_json: bool):
+    """What lists the platform server's runs merged with each run's telemetry (for status and metrics)."""
+    from training_platform.client.records import server_run_records
 
     platform_home = home()
-    return lambda: dagster_run_records(dg.DagsterInstance.get(), platform_home)
+    try:
+        platform = client(platform_home)
+    except PlatformError as exc:
+        fail(exc, as_json)
+    return lambda: server_run_records(platform, platform_home)
 
 
 @app.command()
@@ -379,7 +381,7 @@ def status(
     """Queued and running runs: estimated wait, progress, utilization, cost so far."""
     from training_platform.telemetry.commands import show_status
 
-    show_status(_run_records(), team, as_json, console)
+    show_status(_run_records(as_json), team, as_json, console)
 
 
 @app.command()
@@ -390,7 +392,7 @@ def metrics(
     """Serve Prometheus metrics: queue depth, running jobs, utilization and cost per team."""
     from training_platform.telemetry.commands import serve_metrics
 
-    serve_metrics(_run_records(), port, host, console)
+    serve_metrics(_run_records(False), port, host, console)
 
 
 @app.command()

@@ -1,7 +1,8 @@
 """`tp` answers while you wait: loading the command line imports neither torch nor dagster (over a second each),
 nor Optuna or MLflow.
 
-Commands that need them (`tp gc`, `tp status`) import them when they run.
+Commands that need them (`tp gc`, `tp doctor`) import them when they run; the commands that read the
+platform server (`tp runs`, `tp status`, `tp metrics`) never do.
 """
 
 import subprocess
@@ -11,8 +12,17 @@ HEAVY = ("torch", "dagster", "dagster_graphql", "mlflow", "deepspeed", "boto3", 
 
 
 def test_the_command_line_loads_without_torch_dagster_or_mlflow():
+    _assert_light("training_platform.cli")
+
+
+def test_status_and_metrics_read_the_server_without_torch_or_dagster():
+    _assert_light("training_platform.cli", "training_platform.telemetry.commands", "training_platform.client.records",
+                  "training_platform.telemetry.prometheus")
+
+
+def _assert_light(*modules: str) -> None:
     probe = (
-        "import sys, training_platform.cli\n"
+        f"import sys, {', '.join(modules)}\n"
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)

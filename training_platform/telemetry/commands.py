@@ -1,7 +1,7 @@
-"""Bodies of `tp status`, `tp metrics` and `tp doctor --bench`; cli.py injects what reads Dagster.
+"""Bodies of `tp status`, `tp metrics` and `tp doctor --bench`; cli.py injects what lists runs.
 
 Kept out of cli.py so the command line stays a thin composition root: `list_records` is the
-caller's function that lists run records (the Dagster instance merged with run telemetry).
+caller's function that lists run records (the platform server's runs merged with run telemetry).
 """
 
 from __future__ import annotations
@@ -11,14 +11,17 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from training_platform.spec import TrainSpec
-from training_platform.telemetry.bench import BenchResult, run_bench
 from training_platform.telemetry.records import RunRecord
 from training_platform.telemetry.status import human_seconds, status_rows
+
+if TYPE_CHECKING:
+    from training_platform.telemetry.bench import BenchResult
 
 
 def show_status(list_records: Callable[[], list[RunRecord]], team: str | None, as_json: bool, console: Console):
@@ -67,6 +70,8 @@ def serve_metrics(
 
 
 def bench(spec: TrainSpec, store_uri: str, snapshot_root: Path, console: Console) -> list[BenchResult]:
+    from training_platform.telemetry.bench import run_bench  # torch: only `tp doctor --bench` needs it
+
     console.print("benchmarking: checkpoint write, all-reduce, data read, GPU topology ...", highlight=False)
     results = run_bench(spec, store_uri, snapshot_root)
     table = Table("bench", "value", "ok", "verdict")

@@ -16,6 +16,17 @@ from training_platform.paths import PlatformHome
 
 TELEMETRY_FILE = "telemetry.json"
 FINISHED = ("SUCCEEDED", "FAILED", "CANCELED", "PREEMPTED")
+# A Dagster run's status (its name, as the instance and the GraphQL API both spell it) as a record's.
+ORCHESTRATOR_STATES = {
+    "QUEUED": "QUEUED",
+    "NOT_STARTED": "QUEUED",
+    "STARTING": "QUEUED",
+    "STARTED": "RUNNING",
+    "SUCCESS": "SUCCEEDED",
+    "FAILURE": "FAILED",
+    "CANCELING": "CANCELED",
+    "CANCELED": "CANCELED",
+}
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,25 @@ def load_run_record(home: PlatformHome, run_id: str) -> RunRecord:
         except (OSError, json.JSONDecodeError):
             pass
     return record
+
+
+def orchestrated_record(
+    home: PlatformHome, run_id: str, dagster_status: str, created: float, ended: float | None, team_tag: str,
+    dagster_run_id: str,
+) -> RunRecord:
+    """One Dagster run of a platform run: the orchestrator's facts over the run's own telemetry."""
+    on_disk = load_run_record(home, run_id)
+    # The worker's telemetry belongs to this Dagster run only if it started after the run was created.
+    if on_disk.started_at is not None and on_disk.started_at < created:
+        on_disk = RunRecord(run_id=run_id, family=on_disk.family, team=on_disk.team, max_steps=on_disk.max_steps)
+    status = ORCHESTRATOR_STATES.get(dagster_status, "UNKNOWN")
+    return on_disk.merged(
+        status=status,
+        queued_at=created,
+        ended_at=ended if status in ("SUCCEEDED", "FAILED", "CANCELED") else None,
+        team=on_disk.team or team_tag or None,
+        extra={"dagster_run_id": dagster_run_id},
+    )
 
 
 def load_run_records(home: PlatformHome) -> list[RunRecord]:

@@ -9,13 +9,14 @@ import json
 import os
 import signal
 import time
+import urllib.request
 from collections import Counter
 
 import dagster as dg
 import pytest
 import yaml
 
-from tests.fixtures.platform import ROOT, last_json, server_logs
+from tests.fixtures.platform import ROOT, free_port, last_json, server_logs
 from tests.fixtures.worker import wait_until
 from tests.integration.server.runs import detach, processes_of, run_row, step_reached, weights_of, write_spec
 from training_platform.client import PlatformClient
@@ -119,6 +120,44 @@ def test_runs_lists_team_state_steps_and_cost(platform, reference):
     assert all(r["state"] == "SUCCEEDED" for r in rows.values())
     other_team = last_json(platform.tp("runs", "--team", "nobody", "--json"))
     assert other_team["runs"] == []
+
+
+def test_status_and_metrics_show_a_training_run_while_it_trains(platform, tmp_path):
+    """`tp status` and `tp metrics` read the server (and the run's telemetry): progress, utilization, cost so far."""
+    spec = write_spec(tmp_path, "watched", training={"max_steps": 1_000_000, "eval_every": 1_000_000,
+                      "log_every": 500}, resources={"procs_per_node": 1}, checkpoint={"every_steps": 1_000_000})
+    run_id = detach(platform, spec)
+    port = free_port()
+    metrics = platform.spawn("metrics", "--port", str(port), log=tmp_path / "metrics.log")
+    try:
+        row = wait_until(lambda: _status_row(platform, run_id), 300, f"tp status to show {run_id} training")
+        assert row["team"] == "ml-platform" and 0 < row["progress"] < 1, row
+        assert 0 < row["utilization_pct"] <= 100 and row["cost_usd"] > 0, row
+        body = wait_until(lambda: (b := _scrape(port)) and 'tp_running_jobs{team="ml-platform"} 1.0' in b and b, 60,
+                          "tp metrics to count the running run")
+        assert f'tp_run_utilization_percent{{device="cpu",run_id="{run_id}",team="ml-platform"}}' in body
+        assert 'tp_cost_usd_total{team="ml-platform"}' in body
+    finally:
+        metrics.terminate()
+        metrics.wait(20)
+        cancelled = platform.tp("cancel", run_id, "--json")
+    assert cancelled.returncode == 0, cancelled.stderr[-3000:]
+
+
+def _status_row(platform, run_id: str) -> dict | None:
+    """The run's `tp status --json` row once it trains and its telemetry has utilization and cost; else None."""
+    proc = platform.tp("status", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = next((r for r in last_json(proc)["runs"] if r["run_id"] == run_id), None)
+    trains = row is not None and row["status"] == "RUNNING" and row["progress"]
+    return row if trains and row["utilization_pct"] is not None and row["cost_usd"] else None
+
+
+def _scrape(port: int) -> str:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    except OSError:
+        return ""
 
 
 def test_the_daemon_killed_and_restarted_mid_sweep_loses_no_trial_and_runs_none_twice(platform, tmp_path):
