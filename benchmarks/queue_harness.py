@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.queue_location import TEAMS
+from benchmarks.queue_location import DEFAULT_TEAMS
 from tests.fixtures.dagster_daemon import SHIPPED_INSTANCE, daemon_log_tail, running_daemon
 
 __all__ = ["SHIPPED_INSTANCE", "run_fairness"]
@@ -49,42 +49,34 @@ class FairnessRun:
         rates = [sum(1 for _, e in runs if start <= e <= end) / (end - start) for runs in intervals]
         return sum(rates) ** 2 / (len(rates) * sum(r * r for r in rates))
 
-    def queue_overheads(self, team_limit: int, total_limit: int) -> list[float]:
-        """Per run, seconds it stayed queued after the slot limits would have let it leave.
+    def slot_to_start(self, team_limit: int) -> list[tuple[float, float]]:
+        """For one team's runs, each after its first `team_limit`: (seconds from the moment a slot of the team
+        freed, i.e. the team's run whose end let it in ended, to its dequeue; and to its STARTED event).
 
-        FIFO within a team: a run may leave once it was created, the team's run before it left, and
-        a slot of its team and of the whole queue was free (held from dequeue to end by the others).
+        All runs are queued at once, so the i-th run to leave the queue (FIFO, 0-based) took the slot freed by
+        the (i - limit)-th end among the runs that left before it.
         """
-        overheads = []
-        previous: dict[str, float] = {}
-        for run in sorted(self.runs, key=lambda r: r.created):
-            others = [o for o in self.runs if o is not run]
-            eligible = max(run.created, previous.get(run.team, 0.0))
-            previous[run.team] = run.dequeued
-
-            def blocked(t: float, run=run, others=others) -> bool:
-                holding = [o for o in others if o.dequeued <= t < o.ended]
-                return len(holding) >= total_limit or sum(o.team == run.team for o in holding) >= team_limit
-
-            changes = sorted({eligible, *(o.ended for o in others if eligible < o.ended < run.dequeued),
-                              *(o.dequeued for o in others if eligible < o.dequeued < run.dequeued)})
-            free_since = None
-            for t in changes:
-                if blocked(t):
-                    free_since = None
-                elif free_since is None:
-                    free_since = t
-            overheads.append(max(0.0, run.dequeued - (free_since if free_since is not None else run.dequeued)))
-        return overheads
+        assert len({run.team for run in self.runs}) == 1, "one team's runs"
+        ordered = sorted(self.runs, key=lambda r: r.dequeued)
+        waits = []
+        for i, run in enumerate(ordered[team_limit:], start=team_limit):
+            freed = sorted(r.ended for r in ordered[:i])[i - team_limit]
+            freed = max(freed, run.created)
+            waits.append((run.dequeued - freed, run.started - freed))
+        return waits
 
 
-def run_fairness(workdir: Path, seconds: float = 2.0, timeout: float = 420.0, runs_per_team: int = 10) -> FairnessRun:
+def run_fairness(
+    workdir: Path, seconds: float = 2.0, timeout: float = 420.0, runs_per_team: int = 10,
+    teams: tuple[str, ...] = DEFAULT_TEAMS,
+) -> FairnessRun:
     """Start the daemon on a fresh instance, pull the trigger, wait for all runs, return their intervals."""
     import dagster as dg
 
     trigger = workdir / "trigger"
-    total = len(TEAMS) * runs_per_team
-    env = {"FAIRNESS_TRIGGER": str(trigger), "FAIRNESS_RUNS_PER_TEAM": str(runs_per_team)}
+    total = len(teams) * runs_per_team
+    env = {"FAIRNESS_TRIGGER": str(trigger), "FAIRNESS_RUNS_PER_TEAM": str(runs_per_team),
+           "FAIRNESS_TEAMS": ",".join(teams)}
     with running_daemon(workdir, LOCATION, env):
         trigger.write_text(str(seconds))
         result = FairnessRun(runs=[])

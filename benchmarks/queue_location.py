@@ -2,7 +2,8 @@
 
 The sensor fires once (its cursor remembers), when the file named by $FAIRNESS_TRIGGER exists, and
 asks for TEAMS x $FAIRNESS_RUNS_PER_TEAM runs in team blocks (all of team-a's first): the order in
-which a plain FIFO queue would let the first team take every slot.
+which a plain FIFO queue would let the first team take every slot. $FAIRNESS_TEAMS (comma-separated)
+picks the teams, three by default.
 """
 
 import os
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import dagster as dg
 
-TEAMS = ("team-a", "team-b", "team-c")
+DEFAULT_TEAMS = ("team-a", "team-b", "team-c")
+TEAMS = tuple(os.environ.get("FAIRNESS_TEAMS", ",".join(DEFAULT_TEAMS)).split(","))
 RUNS_PER_TEAM = int(os.environ.get("FAIRNESS_RUNS_PER_TEAM", "10"))
 
 
