@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
 
 from training_platform.paths import PlatformHome
+
+CHECKPOINT_STORE_ENV = "TP_CHECKPOINT_STORE_URI"
 
 
 class PlatformResource(dg.ConfigurableResource):
@@ -18,7 +21,9 @@ class PlatformResource(dg.ConfigurableResource):
         None, description="MLflow tracking URI; default $MLFLOW_TRACKING_URI or SQLite in the data directory"
     )
     checkpoint_store_uri: str | None = Field(
-        None, description="default checkpoint store (local path or s3://bucket/prefix) for specs that name none"
+        None,
+        description="default checkpoint store (local path or s3://bucket/prefix) for specs that name none; "
+        f"default ${CHECKPOINT_STORE_ENV} or the home's checkpoints/",
     )
 
     def paths(self) -> PlatformHome:
@@ -29,4 +34,9 @@ class PlatformResource(dg.ConfigurableResource):
         return self.tracking_uri or self.paths().mlflow_tracking_uri
 
     def store_uri_for(self, spec_store_uri: str | None) -> str:
-        return spec_store_uri or self.checkpoint_store_uri or str(self.paths().checkpoints)
+        return (
+            spec_store_uri
+            or self.checkpoint_store_uri
+            or os.environ.get(CHECKPOINT_STORE_ENV)
+            or str(self.paths().checkpoints)
+        )

@@ -45,10 +45,35 @@ COMPONENTS = ("code-server", "webserver", "daemon")
 START_TIMEOUT_S = 180.0
 LOAD_ERROR_GRACE_S = 15.0
 STOP_TIMEOUT_S = 30.0
+DATABASE_ENV = "TP_DAGSTER_DATABASE_URL"
+_POSTGRES_STORAGE = f"""
+# PostgreSQL run, event-log and schedule storage: {DATABASE_ENV} in the server's environment.
+storage:
+  postgres:
+    postgres_url:
+      env: {DATABASE_ENV}
+"""
 
 
 class ServerError(PlatformError):
     """The platform server cannot start or be reached; the message says why and the fix."""
+
+
+def instance_config() -> str:
+    """The shipped instance config; with TP_DAGSTER_DATABASE_URL set, on PostgreSQL (run, event-log and schedule
+    storage). The URL, and the password in it, stay in the server's environment: the file names the variable."""
+    shipped = SHIPPED_INSTANCE.read_text()
+    url = os.environ.get(DATABASE_ENV, "")
+    if not url:
+        return shipped
+    scheme = url.split("://", 1)[0]
+    if scheme != "postgresql+psycopg2":
+        # SQLAlchemy 2 reads postgresql:// as psycopg 3, on which Dagster's event log fails at its first event.
+        raise ServerError(
+            f"{DATABASE_ENV} must be a postgresql+psycopg2://user:password@host:port/database URL (it starts "
+            f"with {scheme}://); write it with that scheme"
+        )
+    return shipped + _POSTGRES_STORAGE
 
 
 @dataclass(frozen=True)
@@ -223,7 +248,7 @@ class LocalServer:
         config of the operator's own is kept, with a word when it does not use the platform's queue."""
         target = self.home.dagster_home / "dagster.yaml"
         target.parent.mkdir(parents=True, exist_ok=True)
-        shipped = SHIPPED_INSTANCE.read_text()
+        shipped = instance_config()
         current = target.read_text() if target.exists() else None
         if current is None or current == _LEGACY_INSTANCE_CONFIG or (
             current != shipped and current.startswith(shipped.splitlines()[0])

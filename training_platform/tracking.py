@@ -63,9 +63,12 @@ def ensure_experiment(tracking_uri: str, name: str, artifact_root: Path) -> str:
         return experiment.experiment_id
     from mlflow.exceptions import MlflowException
 
+    # A local store: an explicit artifact location keeps artifacts in the project data directory, not ./mlruns.
+    # A tracking server: its own artifact destination (a team's bucket), which every machine reaches through it.
+    remote = tracking_uri.startswith(("http://", "https://"))
+    location = None if remote else (artifact_root / name.replace("/", "_")).as_uri()
     try:
-        # An explicit artifact location keeps artifacts in the project data directory, not ./mlruns.
-        return client.create_experiment(name, artifact_location=(artifact_root / name.replace("/", "_")).as_uri())
+        return client.create_experiment(name, artifact_location=location)
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise

@@ -1,0 +1,29 @@
+"""The instance config tp server start writes: the shipped queue, on PostgreSQL when TP_DAGSTER_DATABASE_URL is set."""
+
+import pytest
+import yaml
+
+from training_platform.server import DATABASE_ENV, ServerError, instance_config
+from training_platform.shipped import INSTANCE_CONFIG
+
+
+def test_without_a_database_the_instance_is_the_shipped_one(monkeypatch):
+    monkeypatch.delenv(DATABASE_ENV, raising=False)
+    assert instance_config() == INSTANCE_CONFIG.read_text()
+
+
+def test_a_database_url_puts_every_storage_on_postgres_and_keeps_the_password_out_of_the_file(monkeypatch):
+    monkeypatch.setenv(DATABASE_ENV, "postgresql+psycopg2://tp:s3cret-pw@127.0.0.1:5432/dagster")
+    text = instance_config()
+    config = yaml.safe_load(text)
+    assert config["storage"] == {"postgres": {"postgres_url": {"env": DATABASE_ENV}}}
+    assert config["run_coordinator"] == yaml.safe_load(INSTANCE_CONFIG.read_text())["run_coordinator"]
+    assert "s3cret-pw" not in text
+
+
+@pytest.mark.parametrize("url", ["postgresql://tp:pw@h/db", "postgres://tp:pw@h/db", "sqlite:///x.db"])
+def test_a_url_dagster_cannot_use_is_refused_naming_the_scheme_to_write(monkeypatch, url):
+    monkeypatch.setenv(DATABASE_ENV, url)
+    with pytest.raises(ServerError, match=r"postgresql\+psycopg2://") as refused:
+        instance_config()
+    assert "pw@" not in str(refused.value)  # the message never repeats the password
