@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,13 @@ import yaml
 from training_platform.launch.base import AGENT_MODULE, RunRequest
 from training_platform.launch.k8s_manifests import KubernetesConfig
 from training_platform.launch.kubernetes import KubernetesLauncher
+from training_platform.shipped import INSTANCE_CONFIG
 from training_platform.spec import parse_spec
 from training_platform.team_policy import resolve_team
 from training_platform.teams import Team, TeamsFile
 
-DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "kubernetes"
+ROOT = Path(__file__).resolve().parents[3]
+DEPLOY = ROOT / "deploy" / "kubernetes"
 # Helm values files are not API objects; they are checked on their own below.
 HELM_VALUES = {DEPLOY / "dagster" / "values.yaml", DEPLOY / "kueue" / "kueue-values.yaml"}
 CRDS = DEPLOY / "crds"  # the upstream CRDs we validate against, not manifests of ours
@@ -53,6 +56,7 @@ def test_manifests_exist():
         "kueue/local-queues.yaml",
         "kueue/priority-classes.yaml",
         "kueue/topology.yaml",
+        "mlflow.yaml",
     } <= names
 
 
@@ -163,6 +167,47 @@ def test_dagster_helm_values_use_k8s_run_launcher_and_postgres():
     assert values["postgresql"]["enabled"] is True and "postgresqlPassword" not in values["postgresql"]
     launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
     assert launcher["runK8sConfig"]["podSpecConfig"]["serviceAccountName"] == "training-launcher"
+
+
+def test_dagster_helm_values_queue_runs_as_the_shipped_instance_does():
+    """The cluster's queue is the platform's: our coordinator class, limits on the same tags (with more room)."""
+    values = yaml.safe_load((DEPLOY / "dagster" / "values.yaml").read_text())
+    coordinator = values["dagsterDaemon"]["runCoordinator"]
+    assert coordinator["type"] == "CustomRunCoordinator"
+    custom = coordinator["config"]["customRunCoordinator"]
+    shipped = yaml.safe_load(INSTANCE_CONFIG.read_text())["run_coordinator"]
+    assert (custom["module"], custom["class"]) == (shipped["module"], shipped["class"])
+    keys = [limit["key"] for limit in custom["config"]["tag_concurrency_limits"]]
+    assert keys == [limit["key"] for limit in shipped["config"]["tag_concurrency_limits"]]
+    # The webserver submits runs through the coordinator and the daemon dequeues them: both load our class.
+    image = values["dagster-user-deployments"]["deployments"][0]["image"]
+    assert values["dagsterWebserver"]["image"] == values["dagsterDaemon"]["image"] == image
+
+
+def test_every_setting_the_helm_values_pass_is_one_the_platform_reads():
+    values = yaml.safe_load((DEPLOY / "dagster" / "values.yaml").read_text())
+    (deployment,) = values["dagster-user-deployments"]["deployments"]
+    names = {entry["name"] for entry in deployment["env"]}
+    sources = "".join(
+        path.read_text() for package in ("training_platform", "resources", "sensors", "assets")
+        for path in (ROOT / package).rglob("*.py")
+    )
+    unread = sorted(name for name in names if f'"{name}"' not in sources)
+    assert not unread, f"deploy/kubernetes/dagster/values.yaml sets {unread}, which no code reads"
+    mlflow = next(d for d in _docs(DEPLOY / "mlflow.yaml") if d["kind"] == "Service")
+    tracking = next(e["value"] for e in deployment["env"] if e["name"] == "MLFLOW_TRACKING_URI")
+    service = f"http://{mlflow['metadata']['name']}.{mlflow['metadata']['namespace']}.svc.cluster.local"
+    assert tracking == f"{service}:{mlflow['spec']['ports'][0]['port']}"  # the server mlflow.yaml deploys
+
+
+def test_the_code_location_image_installs_every_package_of_the_code_location():
+    dockerfile = (DEPLOY / "image" / "code-location.Dockerfile").read_text()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    packages = {p.rstrip("*") for p in project["packages"]["find"]["include"]} | {"training_platform_dagster"}
+    modules = {f"{m}.py" for m in project["py-modules"]}
+    copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")}
+    assert packages | modules <= copied, f"the code-location image lacks {sorted(packages | modules - copied)}"
+    assert "pip install -c constraints.txt ." in dockerfile
 
 
 def test_training_image_pins_the_projects_torch_and_runs_as_non_root():
