@@ -248,12 +248,12 @@ class LocalServer:
         config of the operator's own is kept, with a word when it does not use the platform's queue."""
         target = self.home.dagster_home / "dagster.yaml"
         target.parent.mkdir(parents=True, exist_ok=True)
-        shipped = instance_config()
+        ours = instance_config()
         current = target.read_text() if target.exists() else None
         if current is None or current == _LEGACY_INSTANCE_CONFIG or (
-            current != shipped and current.startswith(shipped.splitlines()[0])
+            current != ours and current.startswith(ours.splitlines()[0])
         ):
-            target.write_text(shipped)
+            target.write_text(ours)
         elif "TeamQueuedRunCoordinator" not in current:
             say(f"note: {target} does not use the platform's queue (TeamQueuedRunCoordinator): per-team limits "
                 f"and priorities do not apply; see {SHIPPED_INSTANCE}")

@@ -6,6 +6,7 @@ One stack for the module, on free ports in a temporary directory; `down` must le
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -19,18 +20,10 @@ import psutil
 import pytest
 
 from tests.fixtures.platform import OUTSIDE_SETTINGS, ROOT, TP, last_json, server_logs
+from tests.fixtures.s3 import port_is_free
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 STACK = ROOT / "deploy" / "team" / "local-stack.sh"
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def _free_ports(count: int, taken: set[int]) -> int:
@@ -40,7 +33,7 @@ def _free_ports(count: int, taken: set[int]) -> int:
             probe.bind(("127.0.0.1", 0))
             base = 20000 + probe.getsockname()[1] % 30000
         ports = {*range(base, base + count), *range(base + 10000, base + 10000 + count)}
-        if not ports & taken and all(_free(p) for p in ports):
+        if not ports & taken and all(port_is_free(p) for p in ports):
             taken |= ports
             return base
 
@@ -61,15 +54,16 @@ class Stack:
     def script(self, command: str, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run([str(STACK), command], env=self.env, capture_output=True, text=True, timeout=timeout)
 
+    @functools.cached_property
     def settings(self) -> dict[str, str]:
-        """What `env` prints, as a dict (the settings `tp` and the tests use)."""
+        """What `env` prints, as a dict (the settings `tp` and the tests use; fixed once `up` made them)."""
         printed = self.script("env")
         assert printed.returncode == 0, printed.stderr
         lines = [line.removeprefix("export ") for line in printed.stdout.splitlines() if line.startswith("export ")]
         return dict(line.split("=", 1) for line in lines)
 
     def tp(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        env = self.env | self.settings()
+        env = self.env | self.settings
         return subprocess.run([TP, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
     def pids(self) -> dict[str, int]:
@@ -79,8 +73,9 @@ class Stack:
         server = json.loads((self.dir / "home" / "server" / "server.json").read_text())
         return found | {name: process["pid"] for name, process in server["processes"].items()}
 
-    def command_lines(self) -> list[str]:
-        return [" ".join(p.cmdline()) for p in psutil.process_iter() if _readable(p)]
+    @staticmethod
+    def command_lines() -> list[str]:
+        return [" ".join(p.info["cmdline"] or ()) for p in psutil.process_iter(["cmdline"])]
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +112,7 @@ def test_the_stack_reports_each_part_and_prints_its_settings(stack):
     assert status.returncode == 0, status.stdout + status.stderr
     for part in ("postgres: running", "s3: running", "mlflow: running", "UI and API"):
         assert part in status.stdout + status.stderr, status.stdout + status.stderr
-    settings = stack.settings()
+    settings = stack.settings
     assert settings["TP_DAGSTER_DATABASE_URL"].startswith("postgresql+psycopg2://tp:")
     assert settings["MLFLOW_TRACKING_URI"].startswith("http://127.0.0.1:")
     before = stack.pids()
@@ -131,7 +126,7 @@ def test_the_pipeline_runs_on_the_stack_database_tracking_server_and_bucket(stac
     from mlflow.tracking import MlflowClient
 
     assert trained["status"] == "SUCCEEDED" and trained["model_version"] == "1"
-    settings = stack.settings()
+    settings = stack.settings
     assert trained["tracking_uri"] == settings["MLFLOW_TRACKING_URI"]
     assert trained["checkpoints"] and all(c["uri"].startswith("s3://") for c in trained["checkpoints"])
 
@@ -167,7 +162,7 @@ def test_the_stacks_credentials_appear_in_no_file_log_or_record(stack, trained):
     import psycopg2
     from mlflow.tracking import MlflowClient
 
-    settings = stack.settings()
+    settings = stack.settings
     password = settings["TP_DAGSTER_DATABASE_URL"].split(":")[2].split("@")[0]
     secrets = {password, settings["AWS_SECRET_ACCESS_KEY"]}
     assert all(len(secret) >= 16 for secret in secrets)
@@ -189,11 +184,3 @@ def test_the_stacks_credentials_appear_in_no_file_log_or_record(stack, trained):
             if cursor.fetchone()[0]:
                 leaks.append("Dagster run records")
     assert not leaks, f"a credential of the stack is written in {leaks}"
-
-
-def _readable(process: psutil.Process) -> bool:
-    try:
-        process.cmdline()
-        return True
-    except psutil.Error:
-        return False
