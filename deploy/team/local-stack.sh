@@ -63,6 +63,11 @@ install_packages() {
     } || die "apt-get install postgresql failed; see $DIR/log/apt.log"
 }
 
+# The postmaster of the stack's own data directory (whatever restarted it since `up`) is the stack's.
+pg_running() {
+    [[ -s "$DIR/pg/PG_VERSION" ]] && as_pg "$(pg_bin)/pg_ctl" -D "$DIR/pg" status >/dev/null 2>&1
+}
+
 # PostgreSQL refuses to run as root: as root, the cluster belongs to the postgres user.
 as_pg() {
     if [[ $EUID -eq 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi
@@ -103,13 +108,12 @@ start_postgres() {
         as_pg "$bin/initdb" -D "$DIR/pg" -U postgres --auth-local=trust --auth-host=scram-sha-256 \
             >"$DIR/log/initdb.log" 2>&1 || die "initdb failed; see $DIR/log/initdb.log"
     fi
-    if ! alive "$DIR/pg/postmaster.pid.ours"; then
+    if ! pg_running; then
         touch "$DIR/log/postgres.log"
         if [[ $EUID -eq 0 ]]; then chown postgres "$DIR/log/postgres.log"; fi
         as_pg "$bin/pg_ctl" -D "$DIR/pg" -l "$DIR/log/postgres.log" -w -t "$WAIT_SECONDS" \
             -o "-p $PG_PORT -k $DIR/pg-socket -c listen_addresses=127.0.0.1" start >/dev/null \
             || die "PostgreSQL did not start on port $PG_PORT (taken? set TP_STACK_PG_PORT); see $DIR/log/postgres.log"
-        head -n1 "$DIR/pg/postmaster.pid" >"$DIR/pg/postmaster.pid.ours"
     fi
     local psql=("$bin/psql" -h "$DIR/pg-socket" -p "$PG_PORT" -U postgres -v ON_ERROR_STOP=1 -q)
     if [[ -z "$(as_pg "${psql[@]}" -tAc "select 1 from pg_roles where rolname = 'tp'")" ]]; then
@@ -228,21 +232,20 @@ down() {
     fi
     stop_pidfile mlflow "$DIR/run/mlflow.pid"
     stop_pidfile weed "$DIR/run/weed.pid"
-    if alive "$DIR/pg/postmaster.pid.ours"; then
+    if pg_running; then
         local pid
-        pid="$(cat "$DIR/pg/postmaster.pid.ours")"
+        pid="$(head -n1 "$DIR/pg/postmaster.pid")"
         as_pg "$(pg_bin)/pg_ctl" -D "$DIR/pg" -m fast -w stop >/dev/null
         # pg_ctl returns once the pid file is gone, a moment before the postmaster itself.
         WAIT_SECONDS=20 wait_for "PostgreSQL stopped" bash -c "! kill -0 $pid" || log "PostgreSQL ($pid) still exits"
     fi
-    rm -f "$DIR/pg/postmaster.pid.ours"
 }
 
 status() {
     [[ -s "$DIR/stack.env" ]] || { echo "no stack in $DIR (start it: $0 up)"; return 1; }
     load_settings
     local rc=0
-    if alive "$DIR/pg/postmaster.pid.ours"; then echo "postgres: running (port $PG_PORT)"
+    if pg_running; then echo "postgres: running (port $PG_PORT)"
     else echo "postgres: not running"; rc=1; fi
     if alive "$DIR/run/weed.pid"; then echo "s3: running (http://127.0.0.1:$S3_PORT, bucket $BUCKET)"
     else echo "s3: not running"; rc=1; fi

@@ -19,8 +19,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.fixtures.platform import OUTSIDE_SETTINGS, ROOT, TP, last_json, server_logs
+from tests.fixtures.platform import OUTSIDE_SETTINGS, ROOT, TP, Platform, last_json, server_logs
 from tests.fixtures.s3 import port_is_free
+from tests.fixtures.worker import wait_until
+from tests.integration.server.runs import step_reached, write_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 STACK = ROOT / "deploy" / "team" / "local-stack.sh"
@@ -69,7 +71,7 @@ class Stack:
     def pids(self) -> dict[str, int]:
         """The processes `up` recorded: PostgreSQL, weed, the MLflow server, and the platform server's parts."""
         found = {p.stem: int(p.read_text()) for p in (self.dir / "run").glob("*.pid")}
-        found["postgres"] = int((self.dir / "pg" / "postmaster.pid.ours").read_text())
+        found["postgres"] = int((self.dir / "pg" / "postmaster.pid").read_text().split()[0])
         server = json.loads((self.dir / "home" / "server" / "server.json").read_text())
         return found | {name: process["pid"] for name, process in server["processes"].items()}
 
@@ -92,6 +94,7 @@ def stack() -> Iterator[Stack]:
     try:
         yield stack
     finally:
+        started |= stack.pids()  # a part a test restarted has a new pid: `down` must stop that one too
         down = stack.script("down")
         assert down.returncode == 0, down.stderr[-3000:]
         left = {name: pid for name, pid in started.items() if psutil.pid_exists(pid)}
@@ -138,12 +141,19 @@ def test_the_pipeline_runs_on_the_stack_database_tracking_server_and_bucket(stac
     assert not list((stack.dir / "home" / "dagster").glob("*.db")), "Dagster wrote a SQLite store in the home"
 
     # Checkpoints and MLflow's artifacts (plots, the model) are in the bucket; none in the home.
-    s3 = boto3.client("s3", endpoint_url=settings["TP_S3_ENDPOINT_URL"], region_name="us-east-1",
-                      aws_access_key_id=settings["AWS_ACCESS_KEY_ID"],
-                      aws_secret_access_key=settings["AWS_SECRET_ACCESS_KEY"])
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=settings["TP_S3_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id=settings["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=settings["AWS_SECRET_ACCESS_KEY"],
+    )
     bucket, prefix = settings["TP_CHECKPOINT_STORE_URI"].removeprefix("s3://").split("/", 1)
-    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
-            for o in page.get("Contents", [])]
+    keys = [
+        o["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+        for o in page.get("Contents", [])
+    ]
     assert any(k.startswith(f"{prefix}/runs/{trained['run_id']}/") for k in keys), keys[:20]
     mlflow_keys = [k for k in keys if k.startswith("mlflow/") and trained["mlflow_run_id"] in k]
     assert any(k.endswith("plots/loss_curve.png") for k in mlflow_keys), mlflow_keys
@@ -184,3 +194,59 @@ def test_the_stacks_credentials_appear_in_no_file_log_or_record(stack, trained):
             if cursor.fetchone()[0]:
                 leaks.append("Dagster run records")
     assert not leaks, f"a credential of the stack is written in {leaks}"
+
+
+def test_postgres_restarted_while_a_run_trains_the_run_finishes_with_its_lineage_and_events(stack, tmp_path):
+    spec = write_spec(
+        tmp_path,
+        "pg-restart",
+        training={"max_steps": 6000, "log_every": 100},
+        resources={"procs_per_node": 1},
+        checkpoint={"every_steps": 2000},
+    )
+    detached = stack.tp("train", str(spec), "--detach", "--json")
+    assert detached.returncode == 0, detached.stderr[-3000:]
+    run_id = last_json(detached)["run_id"]
+    home = stack.dir / "home"
+    wait_until(lambda: step_reached(Platform(home, {}), run_id) >= 300, 300, f"run {run_id} training past step 300")
+    pg_ctl = [str(next(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))), "-D", str(stack.dir / "pg")]
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    log = stack.dir / "log" / "postgres.log"  # without -l the postmaster would hold our captured stdout open
+    restarted = subprocess.run(
+        [*as_postgres, *pg_ctl, "-l", str(log), "-m", "fast", "-w", "restart"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert restarted.returncode == 0, restarted.stderr
+    assert step_reached(Platform(home, {}), run_id) < 6000, "the restart came after the run ended"
+
+    row = wait_until(
+        lambda: (r := _row(stack, run_id)) and r["state"] in ("SUCCEEDED", "FAILED", "CANCELED") and r,
+        600,
+        f"run {run_id} to end",
+    )
+    assert row["state"] == "SUCCEEDED", row
+    settings = stack.settings
+    url = settings["TP_DAGSTER_DATABASE_URL"].replace("postgresql+psycopg2://", "postgresql://")
+    import psycopg2
+
+    with psycopg2.connect(url) as connection, connection.cursor() as cursor:
+        cursor.execute(
+            "select dagster_event_type, asset_key from event_logs where run_id = %s", (row["dagster_run_id"],)
+        )
+        events = cursor.fetchall()
+    kinds = {kind for kind, _ in events}
+    # Dagster stores a run's start and success under their old names.
+    assert {"PIPELINE_START", "PIPELINE_SUCCESS", "ASSET_MATERIALIZATION"} <= kinds, kinds
+    assert "STEP_FAILURE" not in kinds, kinds
+    materialized = {key for kind, key in events if kind == "ASSET_MATERIALIZATION"}
+    lineage = {f'["{asset}"]' for asset in ("training_run", "checkpoints", "evaluated_model", "registered_model")}
+    assert lineage <= materialized, materialized
+
+
+def _row(stack: Stack, run_id: str) -> dict | None:
+    proc = stack.tp("runs", "--json", "--limit", "200")
+    if proc.returncode != 0:
+        return None  # the server's storage may still be coming back
+    return next((r for r in last_json(proc)["runs"] if r["run_id"] == run_id), None)
