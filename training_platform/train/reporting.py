@@ -6,7 +6,10 @@ worker runs under Dagster, from a shell, or in a pod without Dagster.
 MLflow metrics are buffered and written in one batch every MLFLOW_FLUSH_SECONDS and when the
 run ends: one database transaction per log step cost 5% of a small model's steps, and a batch
 every 5 s still took rank 0 ~45 ms per 9 s of a GPT-tiny loop on two busy cores (0.5%). Points
-keep the time they were taken, so MLflow's curves are exact, only up to 30 s late.
+keep the time they were taken, so MLflow's curves are exact, only up to 30 s late. A thread of
+their own writes them: while a tracking server is down, MLflow's client retries for minutes, and
+the training loop (and every rank waiting on rank 0) must not wait with it. Points the server
+does not take stay buffered for the next flush.
 
 Lines that repeat through a run (metrics, checkpoints) reach Dagster's run log at most once per
 PIPES_PROGRESS_SECONDS each: every Pipes log line becomes an event-log transaction in the Dagster
@@ -21,12 +24,15 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Any
 
 log = logging.getLogger("training_platform.worker")
 PIPES_CONTEXT_ENV_VAR = "DAGSTER_PIPES_CONTEXT"  # dagster_pipes.DAGSTER_PIPES_CONTEXT_ENV_VAR
 MLFLOW_FLUSH_SECONDS = 30.0
+MLFLOW_CLOSE_SECONDS = 300.0  # how long the end of a run waits for a tracking server to take its last points
+MLFLOW_RETRY_SECONDS = 5.0  # between those tries
 PIPES_PROGRESS_SECONDS = 10.0
 
 
@@ -37,6 +43,12 @@ class Reporter:
         self._pipes = None
         self._mlflow = None
         self._unsent: list[tuple[str, float, int, int]] = []  # metric points not yet in MLflow
+        self._unsent_lock = threading.Lock()
+        self._sending = threading.Lock()  # one write to MLflow at a time, so points keep their order
+        self._due = threading.Event()  # wakes the sender before its interval is up
+        self._closing = False
+        self._sender: threading.Thread | None = None
+        self._outage = False  # the last write failed: say so once, and once more when it recovers
         self._sent_at = time.monotonic()
         self._progress_sent: dict[str, float] = {}  # kind -> when its last line went to Pipes
         self._progress_held: dict[str, str] = {}  # kind -> its newest line not sent to Pipes yet
@@ -53,6 +65,8 @@ class Reporter:
             from mlflow.tracking import MlflowClient
 
             self._mlflow = MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"))
+            self._sender = threading.Thread(target=self._send_periodically, name="mlflow-metrics", daemon=True)
+            self._sender.start()
 
     def info(self, message: str) -> None:
         if not self.enabled:
@@ -91,36 +105,87 @@ class Reporter:
         if self._mlflow is None:
             return
         timestamp = _now_ms()
-        self._unsent.extend((key, float(value), timestamp, step) for key, value in values.items())
+        self._buffer([(key, float(value), timestamp, step) for key, value in values.items()])
         if time.monotonic() - self._sent_at >= MLFLOW_FLUSH_SECONDS:
-            self.flush_metrics()
-
-    def flush_metrics(self) -> None:
-        """Write the buffered metric points to MLflow now; points MLflow does not take stay for the next try."""
-        self._sent_at = time.monotonic()
-        if not self._unsent:
-            return
-        try:
-            self.metric_series(self._unsent)
-        except Exception as exc:  # noqa: BLE001 - an MLflow outage must not stop training (or its emergency exit)
-            log.warning("MLflow did not take %d metric points (%s); retried at the next flush", len(self._unsent), exc)
-            return
-        self._unsent = []
+            self._due.set()
 
     def metric_series(self, points: list[tuple[str, float, int, int]]) -> None:
-        """Log (key, value, timestamp ms, step) points to MLflow in batches (system metrics, figures)."""
-        if not self.enabled or self._mlflow is None or not points:
-            return
+        """Log (key, value, timestamp ms, step) points to MLflow (system metrics, figures) with the next write."""
+        if self.enabled and self._mlflow is not None and points:
+            self._buffer(points)
+            self._due.set()
+
+    def flush_metrics(self) -> None:
+        """Write the buffered metric points to MLflow now, on this thread; points MLflow does not take stay."""
+        if self._mlflow is not None:
+            self._send()
+
+    def _buffer(self, points: list[tuple[str, float, int, int]]) -> None:
+        with self._unsent_lock:
+            self._unsent.extend(points)
+
+    def _send_periodically(self) -> None:
+        while not self._closing:
+            self._due.wait(timeout=MLFLOW_FLUSH_SECONDS)
+            self._due.clear()
+            self._send()
+
+    def _send(self) -> bool:
+        """One attempt to write every buffered point; False when MLflow did not take them (they stay buffered)."""
         from mlflow.entities import Metric
 
-        batch = [Metric(key, float(value), ts, step) for key, value, ts, step in points]
-        for start in range(0, len(batch), 1000):  # MLflow's batch limit
-            self._mlflow.log_batch(self.mlflow_run_id, metrics=batch[start : start + 1000], synchronous=True)
+        with self._sending:
+            self._sent_at = time.monotonic()
+            with self._unsent_lock:
+                points, self._unsent = self._unsent, []
+            if not points:
+                return True
+            batch = [Metric(key, float(value), ts, step) for key, value, ts, step in points]
+            try:
+                for start in range(0, len(batch), 1000):  # MLflow's batch limit
+                    self._mlflow.log_batch(self.mlflow_run_id, metrics=batch[start : start + 1000], synchronous=True)
+                    del points[: min(1000, len(points))]  # written: not to be written twice
+            except Exception as exc:  # noqa: BLE001 - an MLflow outage must not stop training (or its emergency exit)
+                with self._unsent_lock:
+                    self._unsent[:0] = points
+                if not self._outage:
+                    log.warning(
+                        "MLflow did not take %d metric points (%s); they stay buffered and are retried",
+                        len(points),
+                        exc,
+                    )
+                self._outage = True
+                return False
+            if self._outage:
+                log.info("MLflow takes metrics again; the buffered points are written")
+            self._outage = False
+            return True
+
+    def _stop_sender(self) -> None:
+        """Stop the sender thread, then write what is left, trying until MLFLOW_CLOSE_SECONDS have passed."""
+        if self._sender is None:
+            return
+        self._closing = True
+        self._due.set()
+        self._sender.join()
+        self._sender = None
+        deadline = time.monotonic() + MLFLOW_CLOSE_SECONDS
+        while not self._send():
+            if time.monotonic() >= deadline:
+                with self._unsent_lock:
+                    lost = len(self._unsent)
+                log.warning(
+                    "MLflow did not take the run's last %d metric points within %.0f s; they are lost",
+                    lost,
+                    MLFLOW_CLOSE_SECONDS,
+                )
+                return
+            time.sleep(min(MLFLOW_RETRY_SECONDS, max(0.0, deadline - time.monotonic())))
 
     def _flush(self) -> None:
         if self._pipes is not None:
             self._send_held_progress()
-        self.flush_metrics()
+        self._stop_sender()
 
     def artifacts(self, paths: list[Any], artifact_path: str) -> None:
         if self.enabled and self._mlflow is not None:

@@ -10,9 +10,11 @@ import functools
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -250,3 +252,70 @@ def _row(stack: Stack, run_id: str) -> dict | None:
     if proc.returncode != 0:
         return None  # the server's storage may still be coming back
     return next((r for r in last_json(proc)["runs"] if r["run_id"] == run_id), None)
+
+
+def _crash(stack: Stack, part: str) -> None:
+    """SIGKILL a part of the stack (its whole process group), as a crash or an OOM kill would."""
+    pid = int((stack.dir / "run" / f"{part}.pid").read_text())
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: not psutil.pid_exists(pid), 30, f"{part} ({pid}) gone")
+
+
+def test_tracking_server_and_s3_down_30_s_while_a_run_trains_and_checkpoints(stack, tmp_path, monkeypatch):
+    """The MLflow server and the bucket crash together mid-run and come back 30 s later (`up` restarts them):
+    the run finishes, MLflow has every step it logged, and every checkpoint in the bucket restores whole."""
+    from mlflow.tracking import MlflowClient
+
+    from training_platform.checkpoints.store import open_store
+    from training_platform.runlog import RunEvents
+
+    spec = write_spec(
+        tmp_path,
+        "outage",
+        training={"max_steps": 25000, "log_every": 50},  # ~100 s here: outlasts the outage
+        resources={"procs_per_node": 1},
+        checkpoint={"every_steps": 250},
+    )
+    detached = stack.tp("train", str(spec), "--detach", "--json")
+    assert detached.returncode == 0, detached.stderr[-3000:]
+    run_id = last_json(detached)["run_id"]
+    platform = Platform(stack.dir / "home", {})
+    wait_until(lambda: step_reached(platform, run_id) >= 300, 300, f"run {run_id} training past step 300")
+    _crash(stack, "mlflow")
+    _crash(stack, "weed")
+    down_from = step_reached(platform, run_id)
+    time.sleep(30)  # the length of the outage, not a wait for an event
+    down_until = step_reached(platform, run_id)
+    assert down_until < 25000, "the run ended during the outage; give it more steps"
+    again = stack.script("up")
+    assert again.returncode == 0, again.stderr[-3000:]
+
+    row = wait_until(
+        lambda: (r := _row(stack, run_id)) and r["state"] in ("SUCCEEDED", "FAILED", "CANCELED") and r,
+        600,
+        f"run {run_id} to end",
+    )
+    assert row["state"] == "SUCCEEDED", row
+    events = RunEvents(stack.dir / "home" / "runs" / run_id).read()
+    saves = [e["step"] for e in events if e["kind"] in ("checkpoint", "checkpoint_failed")]
+    assert any(down_from < step <= down_until for step in saves), (down_from, down_until, saves)
+
+    # Every step the worker reported reached the tracking server, the ones logged in the outage too.
+    logged = sorted({e["step"] for e in events if e["kind"] == "progress"})
+    assert any(down_from < step <= down_until for step in logged)
+    client = MlflowClient(stack.settings["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("ml-platform/outage")
+    (tracked,) = client.search_runs([experiment.experiment_id], f"tags.training_run = '{run_id}'")
+    assert tracked.info.status == "FINISHED"
+    history = client.get_metric_history(tracked.info.run_id, "train_loss")
+    assert sorted(m.step for m in history) == logged
+
+    # No checkpoint the bucket shows is torn: each one visible loads and verifies.
+    for name, value in stack.settings.items():
+        monkeypatch.setenv(name, value)
+    store = open_store(stack.settings["TP_CHECKPOINT_STORE_URI"])
+    scan = store.scan(run_id)
+    assert not scan.unreadable, scan.unreadable
+    assert scan.manifests and scan.manifests[-1].step == 25000
+    for manifest in scan.manifests:
+        store.load(manifest)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 
 import pytest
 from dagster_pipes import DAGSTER_PIPES_MESSAGES_ENV_VAR, PipesContext, encode_env_var
 from mlflow.tracking import MlflowClient
 
+from tests.fixtures.worker import wait_until
 from training_platform.train import reporting
 from training_platform.train.reporting import Reporter
 
@@ -43,7 +45,7 @@ def test_a_due_flush_writes_at_once(mlflow_run, monkeypatch):
     monkeypatch.setattr(reporting, "MLFLOW_FLUSH_SECONDS", 0.0)
     reporter = Reporter(enabled=True)
     reporter.metrics(1, {"train_loss": 2.0})
-    assert [m.value for m in client.get_metric_history(run_id, "train_loss")] == [2.0]
+    wait_until(lambda: [m.value for m in client.get_metric_history(run_id, "train_loss")] == [2.0], 30, "the flush")
     reporter.close()
 
 
@@ -61,16 +63,79 @@ def test_points_mlflow_refuses_are_kept_and_written_later(mlflow_run, monkeypatc
     monkeypatch.setattr(reporting, "MLFLOW_FLUSH_SECONDS", 0.0)
     reporter = Reporter(enabled=True)
     real_log_batch = reporter._mlflow.log_batch
+    refused = threading.Event()
+
+    def outage(*args, **kwargs):
+        refused.set()
+        raise ConnectionError("tracking server unreachable")
+
+    monkeypatch.setattr(reporter._mlflow, "log_batch", outage)
+    reporter.metrics(1, {"train_loss": 2.0})  # training goes on through the outage
+    assert refused.wait(30)
+    monkeypatch.setattr(reporter._mlflow, "log_batch", real_log_batch)
+    reporter.metrics(2, {"train_loss": 1.0})
+    history = lambda: [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")]  # noqa: E731
+    wait_until(lambda: history() == [(1, 2.0), (2, 1.0)], 30, "both points in MLflow")
+    reporter.close()
+
+
+def test_a_hanging_tracking_server_does_not_hold_the_training_loop(mlflow_run, monkeypatch):
+    client, run_id = mlflow_run
+    monkeypatch.setattr(reporting, "MLFLOW_FLUSH_SECONDS", 0.0)
+    reporter = Reporter(enabled=True)
+    real_log_batch = reporter._mlflow.log_batch
+    writing, server_back = threading.Event(), threading.Event()
+
+    def hanging(*args, **kwargs):  # MLflow's client retrying against a server that is down
+        writing.set()
+        assert server_back.wait(60)
+        return real_log_batch(*args, **kwargs)
+
+    monkeypatch.setattr(reporter._mlflow, "log_batch", hanging)
+    reporter.metrics(1, {"train_loss": 3.0})
+    assert writing.wait(30)
+    for step in range(2, 200):  # returns while the write hangs: the loop goes on
+        reporter.metrics(step, {"train_loss": 1.0 / step})
+    server_back.set()
+    reporter.close()
+    assert [m.step for m in client.get_metric_history(run_id, "train_loss")] == list(range(1, 200))
+
+
+def test_the_end_of_a_run_waits_for_a_tracking_server_that_comes_back(mlflow_run, monkeypatch):
+    client, run_id = mlflow_run
+    monkeypatch.setattr(reporting, "MLFLOW_FLUSH_SECONDS", 3600.0)
+    monkeypatch.setattr(reporting, "MLFLOW_RETRY_SECONDS", 0.0)
+    reporter = Reporter(enabled=True)
+    real_log_batch = reporter._mlflow.log_batch
+    attempts = []
+
+    def down_twice(*args, **kwargs):
+        attempts.append(1)
+        if len(attempts) <= 2:
+            raise ConnectionError("tracking server unreachable")
+        return real_log_batch(*args, **kwargs)
+
+    monkeypatch.setattr(reporter._mlflow, "log_batch", down_twice)
+    reporter.metrics(7, {"train_loss": 0.5})
+    reporter.close()
+    assert len(attempts) == 3
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(7, 0.5)]
+
+
+def test_the_end_of_a_run_gives_up_on_a_tracking_server_that_stays_down(mlflow_run, monkeypatch, caplog):
+    monkeypatch.setattr(reporting, "MLFLOW_FLUSH_SECONDS", 3600.0)
+    monkeypatch.setattr(reporting, "MLFLOW_RETRY_SECONDS", 0.0)
+    monkeypatch.setattr(reporting, "MLFLOW_CLOSE_SECONDS", 0.2)
+    reporter = Reporter(enabled=True)
 
     def outage(*args, **kwargs):
         raise ConnectionError("tracking server unreachable")
 
     monkeypatch.setattr(reporter._mlflow, "log_batch", outage)
-    reporter.metrics(1, {"train_loss": 2.0})  # training goes on through the outage
-    monkeypatch.setattr(reporter._mlflow, "log_batch", real_log_batch)
-    reporter.metrics(2, {"train_loss": 1.0})
-    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(1, 2.0), (2, 1.0)]
-    reporter.close()
+    reporter.metrics(7, {"train_loss": 0.5, "lr": 0.1})
+    with caplog.at_level(logging.WARNING, logger="training_platform.worker"):
+        reporter.close()
+    assert "last 2 metric points" in caplog.text
 
 
 @pytest.fixture
