@@ -11,14 +11,15 @@ from training_platform.datasets import validate_snapshot
 from training_platform.datasets.daily import DIGITS_DAILY, build_snapshot_as_of, default_landing
 from training_platform.errors import SpecError
 from training_platform.runs import spec_from_json
+from training_platform.submission import SNAPSHOT_ASSET, SNAPSHOT_CHECK
 
 SNAPSHOT_START_DATE = "2026-11-01"
 """First day a snapshot partition exists for; backfills reach back to here."""
 SNAPSHOT_TIMEZONE = "UTC"
 DAILY_SOURCE = DIGITS_DAILY.name
 """The source a partition is built from unless the run's config names another (the UI backfills this one)."""
-EXPECTATIONS = "dataset_snapshot_expectations"
-ASSET_KEY = dg.AssetKey("dataset_snapshot")
+EXPECTATIONS = SNAPSHOT_CHECK
+ASSET_KEY = dg.AssetKey(SNAPSHOT_ASSET)
 
 # end_offset=1: today's partition exists (data as of now, rebuilt as drops land), not only finished days.
 daily_snapshots = dg.DailyPartitionsDefinition(

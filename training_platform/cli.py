@@ -46,6 +46,7 @@ from training_platform.run_windows import RunWindowQueue, run_window, waits_for_
 from training_platform.runs import new_run_id, spec_tags
 from training_platform.server_cli import server_app
 from training_platform.shipped import DAILY_SPEC, DEMO_SPEC
+from training_platform.snapshots_cli import snapshots_app
 from training_platform.spec import BACKENDS, TrainSpec, load_spec, parse_spec
 from training_platform.sweeps import load_sweep
 from training_platform.team_policy import resolve_team
@@ -53,6 +54,7 @@ from training_platform.team_policy import resolve_team
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train, track and reproduce models.")
 app.add_typer(cost_app, name="cost")
 app.add_typer(server_app, name="server")
+app.add_typer(snapshots_app, name="snapshots")
 for command in (runs_cli.runs, runs_cli.logs, runs_cli.cancel, runs_cli.resume, runs_cli.reproduce):
     app.command()(command)
 app.command("gc")(lifecycle_commands.gc)

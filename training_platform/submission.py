@@ -16,6 +16,9 @@ TRAINING_RUNS = "training_runs"
 TRAINING_JOB = "training_pipeline"
 SNAPSHOT_JOB = "dataset_snapshot_job"
 SWEEP_JOB = "sweep_job"
+SNAPSHOT_ASSET = "dataset_snapshot"
+SNAPSHOT_CHECK = "dataset_snapshot_expectations"
+"""The blocking Great Expectations check of every snapshot: its verdict decides whether a snapshot may train."""
 RUN_ASSETS = ("training_run", "checkpoints", "evaluated_model", "registered_model")
 OWN_CODE_ASSETS = ("training_run", "checkpoints")  # a user's own script: templates' evaluation does not apply
 

@@ -83,7 +83,7 @@ _METADATA = """fragment md on MetadataEntry { __typename label
   ... on IntMetadataEntry { intRepr } ... on FloatMetadataEntry { floatRepr } ... on TextMetadataEntry { text }
   ... on JsonMetadataEntry { jsonString } ... on BoolMetadataEntry { boolValue } ... on MarkdownMetadataEntry { mdStr }
   ... on PathMetadataEntry { path } ... on UrlMetadataEntry { url } ... on TableMetadataEntry { table { records } }
-  ... on TimestampMetadataEntry { timestamp } }"""
+  ... on TimestampMetadataEntry { timestamp } ... on TableSchemaMetadataEntry { schema { columns { name type } } } }"""
 
 _RUN_FIELDS = "runId jobName status creationTime startTime endTime tags { key value } assetSelection { path }"
 
@@ -122,6 +122,13 @@ _ASSET_MATERIALIZATIONS = (
     """query($asset: [String!]!, $partitions: [String!], $limit: Int) { assetOrError(assetKey: {path: $asset}) {
   __typename ... on Asset { assetMaterializations(partitions: $partitions, limit: $limit) {
     timestamp metadataEntries { ...md } } } } }"""
+    + _METADATA
+)
+
+_CHECK_EVALUATIONS = (
+    """query($asset: [String!]!, $check: String!, $limit: Int!) {
+  assetCheckExecutions(assetKey: {path: $asset}, checkName: $check, limit: $limit) {
+    evaluation { success description timestamp metadataEntries { ...md } } } }"""
     + _METADATA
 )
 
@@ -309,14 +316,26 @@ class PlatformClient:
                 )
         return results
 
-    def asset_materializations(self, asset: str, partition: str, limit: int = 50) -> list[tuple[dict[str, Any], float]]:
-        """(metadata, time) of a partition's materializations, newest first."""
-        result = self.query(_ASSET_MATERIALIZATIONS, asset=[asset], partitions=[partition], limit=limit)["assetOrError"]
+    def asset_materializations(
+        self, asset: str, partition: str | None, limit: int = 50
+    ) -> list[tuple[dict[str, Any], float]]:
+        """(metadata, time) of a partition's materializations (every partition's with None), newest first."""
+        partitions = [partition] if partition is not None else None
+        result = self.query(_ASSET_MATERIALIZATIONS, asset=[asset], partitions=partitions, limit=limit)["assetOrError"]
         if result["__typename"] != "Asset":
             return []
         return [
             (metadata_values(m["metadataEntries"]), float(m["timestamp"]) / 1000)
             for m in result["assetMaterializations"]
+        ]
+
+    def check_evaluations(self, asset: str, check: str, limit: int = 100) -> list[CheckResult]:
+        """The evaluations of an asset check, every partition's, newest first (executions still running have none)."""
+        executions = self.query(_CHECK_EVALUATIONS, asset=[asset], check=check, limit=limit)["assetCheckExecutions"]
+        return [
+            CheckResult(asset, check, e["success"], e.get("description") or "", metadata_values(e["metadataEntries"]))
+            for e in (execution["evaluation"] for execution in executions)
+            if e is not None
         ]
 
     def daemons_down(self) -> list[str]:
@@ -363,6 +382,8 @@ def metadata_values(entries: list[dict[str, Any]]) -> dict[str, Any]:
             value = json.loads(entry["jsonString"])
         elif kind == "TableMetadataEntry":
             value = [json.loads(record) for record in entry["table"]["records"]]
+        elif kind == "TableSchemaMetadataEntry":
+            value = {column["name"]: column["type"] for column in entry["schema"]["columns"]}
         else:
             fields = ("text", "boolValue", "mdStr", "path", "url", "timestamp")
             value = next((entry[f] for f in fields if f in entry), None)
