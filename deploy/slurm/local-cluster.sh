@@ -21,23 +21,10 @@ CONF="$DIR/etc/slurm.conf"
 HOST="$(hostname -s)"
 export SLURM_CONF="$CONF"
 
-log() { echo "local-cluster: $*" >&2; }
-die() { log "$*"; exit 1; }
-
-alive() {  # alive PIDFILE: the pid file names a running process
-    [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null
-}
-
-# Poll until "$@" succeeds or WAIT_SECONDS pass; the sleep is the poll interval, not a guess.
-wait_for() {
-    local what="$1"; shift
-    local deadline=$((SECONDS + WAIT_SECONDS))
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || return 1
-        sleep 0.5
-    done
-    log "$what"
-}
+LOG_NAME=local-cluster
+STOP_SECONDS="$WAIT_SECONDS"
+# shellcheck source=../lib.sh
+source "$HERE/../lib.sh"
 
 install_packages() {
     if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
@@ -128,18 +115,6 @@ up() {
             || die "node $HOST is '$(node_state)', not idle after ${WAIT_SECONDS}s; see $DIR/log/slurmd.log"
     fi
     echo "SLURM_CONF=$CONF"
-}
-
-stop_pidfile() {  # stop_pidfile NAME PIDFILE: TERM, then wait for exit (KILL after the timeout)
-    local name="$1" pidfile="$2" pid
-    if ! alive "$pidfile"; then rm -f "$pidfile"; return; fi
-    pid="$(cat "$pidfile")"
-    kill -TERM "$pid"
-    if ! wait_for "$name stopped" bash -c "! kill -0 $pid"; then
-        log "$name ($pid) ignored TERM for ${WAIT_SECONDS}s; killing it"
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    rm -f "$pidfile"
 }
 
 down() {

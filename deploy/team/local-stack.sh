@@ -28,23 +28,9 @@ if [[ -x "$CHECKOUT/.venv/bin/tp" ]]; then PATH="$CHECKOUT/.venv/bin:$PATH"; fi
 PYTHON="$(command -v python3)"
 if [[ -x "$CHECKOUT/.venv/bin/python" ]]; then PYTHON="$CHECKOUT/.venv/bin/python"; fi
 
-log() { echo "local-stack: $*" >&2; }
-die() { log "$*"; exit 1; }
-
-alive() {  # alive PIDFILE: the pid file names a running process
-    [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null
-}
-
-# Poll until "$@" succeeds or WAIT_SECONDS pass; the sleep is the poll interval, not a guess.
-wait_for() {
-    local what="$1"; shift
-    local deadline=$((SECONDS + WAIT_SECONDS))
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || return 1
-        sleep 0.5
-    done
-    log "$what"
-}
+LOG_NAME=local-stack
+# shellcheck source=../lib.sh
+source "$HERE/../lib.sh"
 
 pg_bin() {
     local bin
@@ -211,27 +197,14 @@ up() {
     print_env
 }
 
-stop_pidfile() {  # stop_pidfile NAME PIDFILE: TERM its process group, wait (KILL after the timeout)
-    local name="$1" pidfile="$2" pid
-    if ! alive "$pidfile"; then rm -f "$pidfile"; return; fi
-    pid="$(cat "$pidfile")"
-    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid"
-    if ! WAIT_SECONDS=20 wait_for "$name stopped" bash -c "! kill -0 $pid"; then
-        log "$name ($pid) ignored TERM for 20 s; killing it"  # weed can take longer than that
-        kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-        WAIT_SECONDS=10 wait_for "$name killed" bash -c "! kill -0 $pid" || true
-    fi
-    rm -f "$pidfile"
-}
-
 down() {
     [[ -s "$DIR/stack.env" ]] || { log "nothing to stop in $DIR"; return; }
     load_settings
     if [[ -s "$DIR/home/server/server.json" ]]; then
         (eval "$(print_env)" && tp server stop --force >&2) || log "tp server stop failed; see $DIR/home/server/"
     fi
-    stop_pidfile mlflow "$DIR/run/mlflow.pid"
-    stop_pidfile weed "$DIR/run/weed.pid"
+    stop_pidfile mlflow "$DIR/run/mlflow.pid" --group
+    stop_pidfile weed "$DIR/run/weed.pid" --group
     if pg_running; then
         local pid
         pid="$(head -n1 "$DIR/pg/postmaster.pid")"
