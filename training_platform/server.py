@@ -47,12 +47,22 @@ LOAD_ERROR_GRACE_S = 15.0
 STOP_TIMEOUT_S = 30.0
 DATABASE_ENV = "TP_DAGSTER_DATABASE_URL"
 _POSTGRES_STORAGE = f"""
-# PostgreSQL run, event-log and schedule storage: {DATABASE_ENV} in the server's environment.
-storage:
-  postgres:
+# PostgreSQL run, event-log and schedule storage: {DATABASE_ENV} in the server's environment. Dagster's own
+# classes, whose webserver connection is checked before use (training_platform_dagster/postgres_storage.py).
+""" + "".join(
+    f"""{key}:
+  module: training_platform_dagster.postgres_storage
+  class: {cls}
+  config:
     postgres_url:
       env: {DATABASE_ENV}
 """
+    for key, cls in (
+        ("run_storage", "RunStorage"),
+        ("event_log_storage", "EventLogStorage"),
+        ("schedule_storage", "ScheduleStorage"),
+    )
+)
 
 
 class ServerError(PlatformError):

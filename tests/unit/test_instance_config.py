@@ -16,7 +16,10 @@ def test_a_database_url_puts_every_storage_on_postgres_and_keeps_the_password_ou
     monkeypatch.setenv(DATABASE_ENV, "postgresql+psycopg2://tp:s3cret-pw@127.0.0.1:5432/dagster")
     text = instance_config()
     config = yaml.safe_load(text)
-    assert config["storage"] == {"postgres": {"postgres_url": {"env": DATABASE_ENV}}}
+    for key, cls in (("run_storage", "RunStorage"), ("event_log_storage", "EventLogStorage"),
+                     ("schedule_storage", "ScheduleStorage")):
+        assert config[key] == {"module": "training_platform_dagster.postgres_storage", "class": cls,
+                               "config": {"postgres_url": {"env": DATABASE_ENV}}}
     assert config["run_coordinator"] == yaml.safe_load(INSTANCE_CONFIG.read_text())["run_coordinator"]
     assert "s3cret-pw" not in text
 

@@ -1,108 +1,32 @@
 """The team stack on one machine (deploy/team/local-stack.sh): PostgreSQL, SeaweedFS S3, an MLflow tracking server
-and the platform server on PostgreSQL storage, started as an operator would, and the example pipeline on it.
+and the platform server on PostgreSQL storage, started as an operator would, and the example pipeline on it; then
+its faults: the database restarted, the tracking server and the bucket down, each under a live run.
 
 One stack for the module, on free ports in a temporary directory; `down` must leave none of its processes.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.fixtures.platform import OUTSIDE_SETTINGS, ROOT, TP, Platform, last_json, server_logs
-from tests.fixtures.s3 import port_is_free
+from tests.fixtures.platform import Platform, last_json, server_logs
+from tests.fixtures.team_stack import Stack, running_stack
 from tests.fixtures.worker import wait_until
 from tests.integration.server.runs import step_reached, write_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
-STACK = ROOT / "deploy" / "team" / "local-stack.sh"
-
-
-def _free_ports(count: int, taken: set[int]) -> int:
-    """A base port P with P..P+count-1 and the gRPC ports P+10000.. free (weed serves gRPC on port + 10000)."""
-    while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = 20000 + probe.getsockname()[1] % 30000
-        ports = {*range(base, base + count), *range(base + 10000, base + 10000 + count)}
-        if not ports & taken and all(port_is_free(p) for p in ports):
-            taken |= ports
-            return base
-
-
-class Stack:
-    def __init__(self, directory: Path):
-        self.dir = directory
-        taken: set[int] = set()
-        self.env = {k: v for k, v in os.environ.items() if k not in OUTSIDE_SETTINGS} | {
-            "TP_STACK_DIR": str(directory),
-            "TP_STACK_PG_PORT": str(_free_ports(1, taken)),
-            "TP_STACK_S3_PORT": str(_free_ports(4, taken)),  # S3, then weed's master, volume and filer
-            "TP_STACK_MLFLOW_PORT": str(_free_ports(1, taken)),
-            "TP_STACK_SERVER_PORT": str(_free_ports(1, taken)),
-            "TP_SCHEDULES": "off",
-        }
-
-    def script(self, command: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        return subprocess.run([str(STACK), command], env=self.env, capture_output=True, text=True, timeout=timeout)
-
-    @functools.cached_property
-    def settings(self) -> dict[str, str]:
-        """What `env` prints, as a dict (the settings `tp` and the tests use; fixed once `up` made them)."""
-        printed = self.script("env")
-        assert printed.returncode == 0, printed.stderr
-        lines = [line.removeprefix("export ") for line in printed.stdout.splitlines() if line.startswith("export ")]
-        return dict(line.split("=", 1) for line in lines)
-
-    def tp(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        env = self.env | self.settings
-        return subprocess.run([TP, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-    def pids(self) -> dict[str, int]:
-        """The processes `up` recorded: PostgreSQL, weed, the MLflow server, and the platform server's parts."""
-        found = {p.stem: int(p.read_text()) for p in (self.dir / "run").glob("*.pid")}
-        found["postgres"] = int((self.dir / "pg" / "postmaster.pid").read_text().split()[0])
-        server = json.loads((self.dir / "home" / "server" / "server.json").read_text())
-        return found | {name: process["pid"] for name, process in server["processes"].items()}
-
-    @staticmethod
-    def command_lines() -> list[str]:
-        return [" ".join(p.info["cmdline"] or ()) for p in psutil.process_iter(["cmdline"])]
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    # Not under pytest's own temporary directory (mode 700): PostgreSQL runs as its own user, who must enter it.
-    directory = Path(tempfile.mkdtemp(prefix="tp-stack-"))
-    directory.chmod(0o755)
-    stack = Stack(directory)
-    up = stack.script("up")
-    assert up.returncode == 0, up.stderr[-4000:] + "".join(
-        f"\n--- {log.name}\n{log.read_text(errors='replace')[-2000:]}" for log in (stack.dir / "log").glob("*.log")
-    )
-    started = stack.pids()
-    try:
-        yield stack
-    finally:
-        started |= stack.pids()  # a part a test restarted has a new pid: `down` must stop that one too
-        down = stack.script("down")
-        assert down.returncode == 0, down.stderr[-3000:]
-        left = {name: pid for name, pid in started.items() if psutil.pid_exists(pid)}
-        if not left:
-            shutil.rmtree(directory, ignore_errors=True)
-        assert not left, f"local-stack.sh down left {left} running"
+    with running_stack() as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +95,7 @@ def test_the_pipeline_runs_on_the_stack_database_tracking_server_and_bucket(stac
 
 def test_the_stacks_credentials_appear_in_no_file_log_or_record(stack, trained):
     """The database password and the S3 secret key live in the environment (and stack.env) only."""
+    import boto3
     import psycopg2
     from mlflow.tracking import MlflowClient
 
@@ -186,6 +111,23 @@ def test_the_stacks_credentials_appear_in_no_file_log_or_record(stack, trained):
     for where, values in (("MLflow params", run.data.params), ("MLflow tags", run.data.tags)):
         if any(s in str(values) for s in secrets):
             leaks.append(where)
+    # The bucket: checkpoint manifests, the registered model's files, plots (chunks of weights are not text).
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=settings["TP_S3_ENDPOINT_URL"],
+        aws_access_key_id=settings["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=settings["AWS_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    )
+    bucket = settings["TP_CHECKPOINT_STORE_URI"].removeprefix("s3://").split("/", 1)[0]
+    objects = [o for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket) for o in page["Contents"]]
+    manifests = [o["Key"] for o in objects if "/runs/" in o["Key"] and o["Key"].endswith(".json")]
+    assert manifests, [o["Key"] for o in objects][:20]
+    for obj in objects:
+        if obj["Size"] <= 1 << 20:
+            body = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
+            if any(secret.encode() in body for secret in secrets):
+                leaks.append(f"s3://{bucket}/{obj['Key']}")
     url = settings["TP_DAGSTER_DATABASE_URL"].replace("postgresql+psycopg2://", "postgresql://")
     with psycopg2.connect(url) as connection, connection.cursor() as cursor:
         for secret in secrets:
@@ -222,6 +164,10 @@ def test_postgres_restarted_while_a_run_trains_the_run_finishes_with_its_lineage
     )
     assert restarted.returncode == 0, restarted.stderr
     assert step_reached(Platform(home, {}), run_id) < 6000, "the restart came after the run ended"
+    # The server answers the first requests after the restart (its pooled connections were cut).
+    for _ in range(3):
+        listed = stack.tp("runs", "--json")
+        assert listed.returncode == 0, listed.stderr[-3000:]
 
     row = wait_until(
         lambda: (r := _row(stack, run_id)) and r["state"] in ("SUCCEEDED", "FAILED", "CANCELED") and r,
@@ -254,13 +200,6 @@ def _row(stack: Stack, run_id: str) -> dict | None:
     return next((r for r in last_json(proc)["runs"] if r["run_id"] == run_id), None)
 
 
-def _crash(stack: Stack, part: str) -> None:
-    """SIGKILL a part of the stack (its whole process group), as a crash or an OOM kill would."""
-    pid = int((stack.dir / "run" / f"{part}.pid").read_text())
-    os.killpg(pid, signal.SIGKILL)
-    wait_until(lambda: not psutil.pid_exists(pid), 30, f"{part} ({pid}) gone")
-
-
 def test_tracking_server_and_s3_down_30_s_while_a_run_trains_and_checkpoints(stack, tmp_path, monkeypatch):
     """The MLflow server and the bucket crash together mid-run and come back 30 s later (`up` restarts them):
     the run finishes, MLflow has every step it logged, and every checkpoint in the bucket restores whole."""
@@ -281,8 +220,8 @@ def test_tracking_server_and_s3_down_30_s_while_a_run_trains_and_checkpoints(sta
     run_id = last_json(detached)["run_id"]
     platform = Platform(stack.dir / "home", {})
     wait_until(lambda: step_reached(platform, run_id) >= 300, 300, f"run {run_id} training past step 300")
-    _crash(stack, "mlflow")
-    _crash(stack, "weed")
+    stack.crash("mlflow")
+    stack.crash("weed")
     down_from = step_reached(platform, run_id)
     time.sleep(30)  # the length of the outage, not a wait for an event
     down_until = step_reached(platform, run_id)
