@@ -133,6 +133,7 @@ def test_status_and_metrics_show_a_training_run_while_it_trains(platform, tmp_pa
         row = wait_until(lambda: _status_row(platform, run_id), 300, f"tp status to show {run_id} training")
         assert row["team"] == "ml-platform" and 0 < row["progress"] < 1, row
         assert 0 < row["utilization_pct"] <= 100 and row["cost_usd"] > 0, row
+        assert _started_from_the_code_servers_fork_server(platform, run_id)
         body = wait_until(lambda: (b := _scrape(port)) and 'tp_running_jobs{team="ml-platform"} 1.0' in b and b, 60,
                           "tp metrics to count the running run")
         assert f'tp_run_utilization_percent{{device="cpu",run_id="{run_id}",team="ml-platform"}}' in body
@@ -151,6 +152,17 @@ def _status_row(platform, run_id: str) -> dict | None:
     row = next((r for r in last_json(proc)["runs"] if r["run_id"] == run_id), None)
     trains = row is not None and row["status"] == "RUNNING" and row["progress"]
     return row if trains and row["utilization_pct"] is not None and row["cost_usd"] else None
+
+
+def _started_from_the_code_servers_fork_server(platform, run_id: str) -> bool:
+    """The run's processes descend from the warm fork server of the code server (not a freshly spawned interpreter)."""
+    server = json.loads((platform.home / "server" / "server.json").read_text())
+    code_server = server["processes"]["code-server"]["pid"]
+    for process in processes_of(run_id):
+        for ancestor in process.parents():
+            if ancestor.ppid() == code_server and "multiprocessing.forkserver" in " ".join(ancestor.cmdline()):
+                return True
+    return False
 
 
 def _scrape(port: int) -> str:

@@ -1,0 +1,73 @@
+"""The platform's code server: Dagster's gRPC server (`dagster api grpc`), each run's process forked from a warm
+fork server instead of started as a fresh interpreter.
+
+Dagster starts every run in a process of its own through multiprocessing's "spawn": a new interpreter that imports
+dagster and the definitions again before the run's first event, about a second and a half of each run's start on
+two busy cores, and the daemon's queue waits for it (the launch returns once the process has loaded). Here the
+context is "forkserver", preloaded with dagster and the code location: a run's process is a fork of an interpreter
+that imported them already. The fork server is a fresh, single-threaded interpreter (not a fork of this
+multi-threaded server), so forking from it is safe, and each run's process gets the arguments spawn gave it.
+
+    python -m training_platform_dagster.code_server -m definitions -h 127.0.0.1 -p PORT ...   (dagster api grpc's)
+
+The fork server and its run processes stay in this process's group: stopping the group stops them too. What the
+fork server imported is what runs use until the server restarts (`tp server stop`, then start): a change to the
+platform's Dagster-side code reaches runs with the restart, as it reaches the code server itself. Training
+processes are fresh interpreters either way.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import sys
+from multiprocessing import forkserver
+
+WARM_MODULES = ["dagster", "dagster._grpc.impl", "dagster._core.execution.api"]
+"""Imported by the fork server before any run; the code location's module is added from the command line."""
+
+
+def _location_module(argv: list[str]) -> str | None:
+    for flag in ("-m", "--module-name"):
+        if flag in argv[:-1]:
+            return argv[argv.index(flag) + 1]
+    return None
+
+
+def use_warm_processes(location_module: str | None) -> None:
+    """Make every DagsterApiServer created from now on start runs from a fork server that preloaded the location."""
+    from dagster._grpc import server as grpc_server
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(WARM_MODULES + ([location_module] if location_module else []))
+    original_init = grpc_server.DagsterApiServer.__init__
+
+    def init(self, *args, **kwargs) -> None:
+        original_init(self, *args, **kwargs)
+        if not isinstance(getattr(self, "_mp_ctx", None), multiprocessing.context.BaseContext):
+            # A Dagster upgrade that starts runs another way: fail loudly rather than silently go slow.
+            raise RuntimeError(
+                "this Dagster's gRPC server has no multiprocessing context to replace (_mp_ctx); "
+                "update training_platform_dagster/code_server.py for it"
+            )
+        self._mp_ctx = context
+        forkserver.ensure_running()  # now, with the location on sys.path: the first run does not wait for it
+
+    grpc_server.DagsterApiServer.__init__ = init
+
+
+def main() -> None:
+    # `tp server stop` ends the server with SIGTERM to its group, which Dagster handles as it handles SIGINT. A
+    # shell's background job starts with SIGINT ignored: then SIGTERM would be ignored too, here and in the fork
+    # server (an ignored signal stays ignored across exec).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    argv = sys.argv[1:]
+    use_warm_processes(_location_module(argv))
+    from dagster._cli import main as dagster_main
+
+    sys.argv = ["dagster", "api", "grpc", *argv]
+    dagster_main()
+
+
+if __name__ == "__main__":
+    main()
