@@ -209,8 +209,12 @@ def test_a_corrupted_shard_fails_the_run_before_training_naming_the_shard(home, 
     register_run(home, spec, "corrupt-1")
     instance.add_dynamic_partitions("training_runs", ["corrupt-1"])
     result = dg.materialize(
-        ALL_ASSETS, selection=["training_run"], partition_key="corrupt-1", instance=instance,
-        resources=defs.resources, raise_on_error=False,
+        ALL_ASSETS,
+        selection=["training_run"],
+        partition_key="corrupt-1",
+        instance=instance,
+        resources=defs.resources,
+        raise_on_error=False,
     )
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
@@ -239,6 +243,20 @@ def test_backfill_of_three_days_builds_three_models_with_distinct_lineage(tmp_pa
         again = platform.tp("retrain", "--from", "2026-11-03", "--to", "2026-11-04", "--spec", str(spec_path), "--json")
         with platform.instance() as instance:
             backfills = instance.get_backfills()
+        # A fourth day whose drop has a label that is no digit: its snapshot fails, and `tp snapshots` says why.
+        landing = default_landing(platform.home)
+        table = pq.read_table(landing / "2026-11-04.parquet")
+        labels = table.column("label").to_numpy().copy()
+        labels[3] = 11
+        pq.write_table(
+            table.set_column(table.schema.get_field_index("label"), "label", [labels]), landing / "2026-11-05.parquet"
+        )
+        bad_day = platform.tp("retrain", "--from", "2026-11-05", "--to", "2026-11-05", "--spec", str(spec_path))
+        listed = platform.tp("snapshots", "--json")
+        assert listed.returncode == 0, listed.stderr[-3000:]
+        snapshots = json.loads(listed.stdout.strip().splitlines()[-1])["snapshots"]
+        failed = platform.tp("snapshots", "show", snapshots[0]["snapshot_id"][:12])
+        passed = platform.tp("snapshots", "show", snapshots[1]["snapshot_id"], "--json")
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     days = report["days"]
     assert [d["run_id"] for d in days] == [f"tiny-daily-2026-11-0{n}" for n in (2, 3, 4)]
@@ -256,3 +274,19 @@ def test_backfill_of_three_days_builds_three_models_with_distinct_lineage(tmp_pa
     repeat = json.loads(again.stdout.strip().splitlines()[-1])
     assert [d["status"] for d in repeat["days"]] == ["EXISTS", "EXISTS"]
     assert [d["model_version"] for d in repeat["days"]] == ["2", "3"]
+
+    # tp snapshots: the four days' snapshots, the newest (the bad drop's) first, and why it may not train.
+    assert (snapshots[0]["days"], snapshots[0]["expectations"]) == (["2026-11-05"], "FAILED"), bad_day.stderr[-3000:]
+    built = sorted((s["days"], s["snapshot_id"], s["expectations"]) for s in snapshots[1:])
+    assert built == [([d["day"]], d["snapshot_id"], "passed") for d in days]
+    assert {s["source"] for s in snapshots} == {"digits_daily"}
+    assert all(s["rows"] == sum(s["splits"].values()) > 0 for s in snapshots)
+    assert failed.returncode == 0, failed.stderr[-3000:]
+    # Each failed expectation on one line: what it checks, which expectation, its counts and examples.
+    line = next((row for row in failed.stderr.splitlines() if "label in 0..9" in row), "")
+    assert "expect_column_values_to_be_in_set(label)" in line and '"unexpected_count": 1' in line, failed.stderr
+    assert '"partial_unexpected_list": [11]' in line, line
+    shown = json.loads(passed.stdout.strip().splitlines()[-1])
+    assert shown["snapshot_id"] == days[-1]["snapshot_id"] and shown["expectations"] == "passed"
+    assert shown["check"]["failed"] == [] and shown["check"]["expectations"] > 5
+    assert {"row_id", "label"} <= set(shown["schema"]), shown["schema"]
