@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.platform import Platform, last_json, server_logs
+from tests.fixtures.platform import last_json, server_logs
 from tests.fixtures.team_stack import Stack, running_stack
 from tests.fixtures.worker import wait_until
-from tests.integration.server.runs import step_reached, write_spec
+from tests.integration.server.runs import detach, step_reached, write_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -148,11 +148,9 @@ def test_postgres_restarted_while_a_run_trains_the_run_finishes_with_its_lineage
         resources={"procs_per_node": 1},
         checkpoint={"every_steps": 2000},
     )
-    detached = stack.tp("train", str(spec), "--detach", "--json")
-    assert detached.returncode == 0, detached.stderr[-3000:]
-    run_id = last_json(detached)["run_id"]
-    home = stack.dir / "home"
-    wait_until(lambda: step_reached(Platform(home, {}), run_id) >= 300, 300, f"run {run_id} training past step 300")
+    run_id = detach(stack.platform, spec)
+    platform = stack.platform
+    wait_until(lambda: step_reached(platform, run_id) >= 300, 300, f"run {run_id} training past step 300")
     pg_ctl = [str(next(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))), "-D", str(stack.dir / "pg")]
     as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     log = stack.dir / "log" / "postgres.log"  # without -l the postmaster would hold our captured stdout open
@@ -163,17 +161,13 @@ def test_postgres_restarted_while_a_run_trains_the_run_finishes_with_its_lineage
         timeout=120,
     )
     assert restarted.returncode == 0, restarted.stderr
-    assert step_reached(Platform(home, {}), run_id) < 6000, "the restart came after the run ended"
+    assert step_reached(platform, run_id) < 6000, "the restart came after the run ended"
     # The server answers the first requests after the restart (its pooled connections were cut).
     for _ in range(3):
         listed = stack.tp("runs", "--json")
         assert listed.returncode == 0, listed.stderr[-3000:]
 
-    row = wait_until(
-        lambda: (r := _row(stack, run_id)) and r["state"] in ("SUCCEEDED", "FAILED", "CANCELED") and r,
-        600,
-        f"run {run_id} to end",
-    )
+    row = _ended(stack, run_id)
     assert row["state"] == "SUCCEEDED", row
     settings = stack.settings
     url = settings["TP_DAGSTER_DATABASE_URL"].replace("postgresql+psycopg2://", "postgresql://")
@@ -191,6 +185,15 @@ def test_postgres_restarted_while_a_run_trains_the_run_finishes_with_its_lineage
     materialized = {key for kind, key in events if kind == "ASSET_MATERIALIZATION"}
     lineage = {f'["{asset}"]' for asset in ("training_run", "checkpoints", "evaluated_model", "registered_model")}
     assert lineage <= materialized, materialized
+
+
+def _ended(stack: Stack, run_id: str) -> dict:
+    """The run's `tp runs` row once it ended."""
+    return wait_until(
+        lambda: (r := _row(stack, run_id)) and r["state"] in ("SUCCEEDED", "FAILED", "CANCELED") and r,
+        600,
+        f"run {run_id} to end",
+    )
 
 
 def _row(stack: Stack, run_id: str) -> dict | None:
@@ -215,10 +218,8 @@ def test_tracking_server_and_s3_down_30_s_while_a_run_trains_and_checkpoints(sta
         resources={"procs_per_node": 1},
         checkpoint={"every_steps": 250},
     )
-    detached = stack.tp("train", str(spec), "--detach", "--json")
-    assert detached.returncode == 0, detached.stderr[-3000:]
-    run_id = last_json(detached)["run_id"]
-    platform = Platform(stack.dir / "home", {})
+    run_id = detach(stack.platform, spec)
+    platform = stack.platform
     wait_until(lambda: step_reached(platform, run_id) >= 300, 300, f"run {run_id} training past step 300")
     stack.crash("mlflow")
     stack.crash("weed")
@@ -229,13 +230,9 @@ def test_tracking_server_and_s3_down_30_s_while_a_run_trains_and_checkpoints(sta
     again = stack.script("up")
     assert again.returncode == 0, again.stderr[-3000:]
 
-    row = wait_until(
-        lambda: (r := _row(stack, run_id)) and r["state"] in ("SUCCEEDED", "FAILED", "CANCELED") and r,
-        600,
-        f"run {run_id} to end",
-    )
+    row = _ended(stack, run_id)
     assert row["state"] == "SUCCEEDED", row
-    events = RunEvents(stack.dir / "home" / "runs" / run_id).read()
+    events = RunEvents(stack.home / "runs" / run_id).read()
     saves = [e["step"] for e in events if e["kind"] in ("checkpoint", "checkpoint_failed")]
     assert any(down_from < step <= down_until for step in saves), (down_from, down_until, saves)
 
