@@ -1,0 +1,25 @@
+"""The code server's fork server imports what a run's process needs before its first run: the instance's classes."""
+
+from training_platform.server import DATABASE_ENV, instance_config
+from training_platform_dagster.code_server import instance_modules
+
+
+def test_the_shipped_instance_preloads_its_sqlite_storage_and_the_team_queue(tmp_path, monkeypatch):
+    monkeypatch.delenv(DATABASE_ENV, raising=False)
+    (tmp_path / "dagster.yaml").write_text(instance_config())
+    modules = instance_modules(str(tmp_path))
+    assert "dagster._core.storage.sqlite_storage" in modules
+    assert "training_platform_dagster.run_coordinator" in modules
+    assert "training_platform_dagster.postgres_storage" not in modules
+
+
+def test_an_instance_on_postgres_preloads_the_postgres_storage(tmp_path, monkeypatch):
+    monkeypatch.setenv(DATABASE_ENV, "postgresql+psycopg2://tp:secret@127.0.0.1:1/tp")
+    (tmp_path / "dagster.yaml").write_text(instance_config())
+    modules = instance_modules(str(tmp_path))
+    assert "training_platform_dagster.postgres_storage" in modules
+    assert "dagster._core.storage.sqlite_storage" not in modules
+
+
+def test_no_dagster_home_preloads_no_instance_classes():
+    assert instance_modules(None) == []
