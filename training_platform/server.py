@@ -196,7 +196,8 @@ class LocalServer:
             "webserver": [
                 str(bin_dir / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(state.port), "-w", str(self.workspace),
             ],
-            "daemon": [str(bin_dir / "dagster-daemon"), "run", "-w", str(self.workspace)],
+            # dagster-daemon, its queue looking for freed slots at its interval (training_platform_dagster/daemon.py).
+            "daemon": [sys.executable, "-m", "training_platform_dagster.daemon", "run", "-w", str(self.workspace)],
         }
         env = {
             **os.environ,

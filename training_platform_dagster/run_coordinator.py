@@ -40,9 +40,9 @@ class TeamQueuedRunCoordinator(QueuedRunCoordinator):
     """QueuedRunCoordinator that sets the queue tags of the platform's runs from their specs before queueing.
 
     `dequeue_interval_seconds` may be a fraction of a second here (Dagster's takes whole seconds): when a run
-    ends, the next one of its team leaves the queue at the daemon's next look. At 1 s that look came about a
-    second after the slot freed; at 0.25 s, a quarter of one (benchmarks/submit.py). A look is a query of
-    the run storage; the daemon still rests half a second between looks that find nothing to do.
+    ends, the next one of its team leaves the queue at the daemon's next look. A look is a query of the run
+    storage, a few milliseconds; the platform's daemon (training_platform_dagster/daemon.py) looks at exactly this
+    interval, where Dagster's rests in half-second steps.
     """
 
     def __init__(self, *args: Any, dequeue_interval_seconds: float | None = None, **kwargs: Any):

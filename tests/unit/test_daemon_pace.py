@@ -1,0 +1,60 @@
+"""The platform's queue daemon looks at its interval, not at Dagster's half-second steps."""
+
+from threading import Event
+
+from dagster._daemon.daemon import SpanMarker
+from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
+
+from training_platform_dagster.daemon import paced_core_loop
+
+INTERVAL = 0.7  # Dagster's loop would wait 0.5 + 0.5 after a look
+
+
+class RecordingEvent(Event):
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        assert timeout is not None
+        self.waits.append(timeout)
+        return super().wait(timeout)
+
+
+class CountingDaemon(QueuedRunCoordinatorDaemon):
+    looks = 0
+
+    def run_iteration(self, workspace_process_context, fixed_iteration_time=None):
+        self.looks += 1
+        yield None
+
+
+def test_the_wait_after_a_look_ends_at_the_interval_and_yields_every_half_second():
+    daemon, shutdown = CountingDaemon(INTERVAL), RecordingEvent()
+    loop = paced_core_loop(daemon, None, shutdown)
+    yielded = []
+    while daemon.looks < 2:
+        yielded.append(next(loop))
+    loop.close()
+    assert yielded.count(SpanMarker.START_SPAN) == 2 and yielded.count(SpanMarker.END_SPAN) == 1
+    assert shutdown.waits and sum(shutdown.waits) <= INTERVAL
+    assert max(shutdown.waits) <= 0.5  # the controller writes heartbeats between yields
+    end = yielded.index(SpanMarker.END_SPAN)
+    between = yielded[end + 1 : yielded.index(SpanMarker.START_SPAN, end)]
+    assert between == [None] * len(shutdown.waits)
+
+
+class ShutdownDuringWait(RecordingEvent):
+    def wait(self, timeout: float | None = None) -> bool:
+        self.set()  # the controller stops while the loop waits
+        return super().wait(timeout)
+
+
+def test_a_shutdown_during_the_wait_ends_it_at_once():
+    daemon, shutdown = CountingDaemon(60.0), ShutdownDuringWait()
+    loop = paced_core_loop(daemon, None, shutdown)
+    while next(loop) is not SpanMarker.END_SPAN:
+        pass
+    assert next(loop) is None
+    assert next(loop) is SpanMarker.START_SPAN  # not another 59.5 s of waits: the controller stops here
+    assert shutdown.waits == [0.5]

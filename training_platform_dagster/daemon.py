@@ -1,0 +1,68 @@
+"""The platform's daemon: `dagster-daemon`, whose run queue looks for freed slots at its configured interval.
+
+Dagster's queue daemon rests between looks in half-second waits (`IntervalDaemon.core_loop`), so a look is at
+most every half second whatever `dequeue_interval_seconds` says, and a run waits a quarter of a second on average
+after a slot of its team frees before it leaves the queue. Here the queue daemon rests exactly the rest of its
+interval (the shipped 0.25 s): a look costs about 4 ms of one core, about 1.6 % of a core at that pace. Every other
+daemon is Dagster's, unchanged.
+
+    python -m training_platform_dagster.daemon run -w workspace.yaml   (dagster-daemon's arguments)
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from threading import Event
+from typing import Any
+
+from dagster._daemon.daemon import SpanMarker
+from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
+from dagster._utils.error import serializable_error_info_from_exc_info
+
+
+def paced_core_loop(
+    self: QueuedRunCoordinatorDaemon, workspace_process_context: Any, shutdown_event: Event
+) -> Iterator[Any]:
+    """IntervalDaemon.core_loop with one change: the wait after a look ends when the interval does, not at the end
+    of a 0.5 s step.
+
+    What it yields is what Dagster's loop yields (spans, errors, a None at least every half second between looks):
+    the controller writes heartbeats and error reports from them.
+    """
+    while True:  # the controller stops the loop, as it stops Dagster's
+        started = time.monotonic()
+        yield SpanMarker.START_SPAN
+        try:
+            yield from self.run_iteration(workspace_process_context)
+        except Exception:
+            error_info = serializable_error_info_from_exc_info(sys.exc_info())
+            self._logger.error("Caught error:\n%s", error_info)
+            yield error_info
+        yield SpanMarker.END_SPAN
+        deadline = started + self.interval_seconds
+        while (left := deadline - time.monotonic()) > 0 and not shutdown_event.is_set():
+            shutdown_event.wait(min(left, 0.5))
+            yield None
+
+
+def use_paced_queue() -> None:
+    """Make the queue daemon of every controller started from now on look at its interval."""
+    QueuedRunCoordinatorDaemon.core_loop = paced_core_loop  # type: ignore[method-assign]
+
+
+def main() -> None:
+    # As in code_server.py: `tp server stop` sends SIGTERM, which Dagster handles as SIGINT; a shell's background
+    # job starts with SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    use_paced_queue()
+    from dagster._daemon.cli import main as daemon_main
+
+    sys.argv = ["dagster-daemon", *sys.argv[1:]]
+    sys.exit(daemon_main())
+
+
+if __name__ == "__main__":
+    main()
