@@ -4,10 +4,10 @@ fork server instead of started as a fresh interpreter.
 Dagster starts every run in a process of its own through multiprocessing's "spawn": a new interpreter that imports
 dagster and the definitions again before the run's first event, about a second and a half of each run's start on
 two busy cores, and the daemon's queue waits for it (the launch returns once the process has loaded). Here the
-context is "forkserver", preloaded with dagster, the instance's storage classes and the code location: a run's
-process is a fork of an interpreter that imported them already. The fork server is a fresh, single-threaded
-interpreter (not a fork of this multi-threaded server), so forking from it is safe, and each run's process gets
-the arguments spawn gave it.
+context is "forkserver", preloaded with dagster, the instance's storage classes, the code location and the
+libraries its steps use (torch, MLflow): a run's process is a fork of an interpreter that imported them already.
+The fork server is a fresh interpreter that starts no Python thread (not a fork of this multi-threaded server), so
+forking from it is safe, and each run's process gets the arguments spawn gave it.
 
     python -m training_platform_dagster.code_server -m definitions -h 127.0.0.1 -p PORT ...   (dagster api grpc's)
 
@@ -27,6 +27,11 @@ from multiprocessing import forkserver
 
 WARM_MODULES = ["dagster", "dagster._grpc.impl", "dagster._core.execution.api"]
 """Imported by the fork server before any run; the code location's module is added from the command line."""
+
+STEP_MODULES = ["torch", "mlflow", "mlflow.pytorch"]
+"""What the platform's steps import when they first need it, in every run's process: before the fork server imported
+them, the registry step spent 6-8 s of each run importing `mlflow.pytorch` (torch, MLflow, torch.export). Only
+imported: the fork server runs no torch operation, so each run's process starts torch's thread pools itself."""
 
 
 def _location_module(argv: list[str]) -> str | None:
@@ -55,11 +60,12 @@ def instance_modules(dagster_home: str | None) -> list[str]:
 
 def use_warm_processes(location_module: str | None, dagster_home: str | None) -> None:
     """Make every DagsterApiServer created from now on start runs from a fork server that preloaded dagster, the
-    instance's storage classes and the location."""
+    instance's storage classes, the location and what its steps import."""
     from dagster._grpc import server as grpc_server
 
     context = multiprocessing.get_context("forkserver")
-    preload = WARM_MODULES + instance_modules(dagster_home) + ([location_module] if location_module else [])
+    location = [location_module] if location_module else []
+    preload = WARM_MODULES + instance_modules(dagster_home) + location + STEP_MODULES
     context.set_forkserver_preload(list(dict.fromkeys(preload)))
     original_init = grpc_server.DagsterApiServer.__init__
 
