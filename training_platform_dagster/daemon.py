@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from threading import Event
 from typing import Any
 
-from dagster._daemon.daemon import SpanMarker
+from dagster._daemon.daemon import IntervalDaemon, SpanMarker
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 from dagster._utils.error import serializable_error_info_from_exc_info
 
@@ -50,6 +50,11 @@ def paced_core_loop(
 
 def use_paced_queue() -> None:
     """Make the queue daemon of every controller started from now on look at its interval."""
+    if QueuedRunCoordinatorDaemon.core_loop not in (IntervalDaemon.core_loop, paced_core_loop):
+        # A Dagster upgrade gave the queue daemon a loop of its own: fail loudly rather than replace it unread.
+        raise RuntimeError(
+            "this Dagster's queue daemon has its own core_loop; update training_platform_dagster/daemon.py for it"
+        )
     QueuedRunCoordinatorDaemon.core_loop = paced_core_loop  # type: ignore[method-assign]
 
 

@@ -2,10 +2,11 @@
 
 from threading import Event
 
+import pytest
 from dagster._daemon.daemon import SpanMarker
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
-from training_platform_dagster.daemon import paced_core_loop
+from training_platform_dagster.daemon import paced_core_loop, use_paced_queue
 
 INTERVAL = 0.7  # Dagster's loop would wait 0.5 + 0.5 after a look
 
@@ -58,3 +59,17 @@ def test_a_shutdown_during_the_wait_ends_it_at_once():
     assert next(loop) is None
     assert next(loop) is SpanMarker.START_SPAN  # not another 59.5 s of waits: the controller stops here
     assert shutdown.waits == [0.5]
+
+
+def test_the_queue_daemon_gets_the_paced_loop_and_a_loop_of_dagsters_own_is_not_replaced(monkeypatch):
+    monkeypatch.setattr(QueuedRunCoordinatorDaemon, "core_loop", QueuedRunCoordinatorDaemon.core_loop)
+    use_paced_queue()
+    use_paced_queue()  # twice is once
+    assert QueuedRunCoordinatorDaemon.core_loop is paced_core_loop
+
+    def dagsters_own(self, workspace_process_context, shutdown_event):
+        yield None
+
+    monkeypatch.setattr(QueuedRunCoordinatorDaemon, "core_loop", dagsters_own)
+    with pytest.raises(RuntimeError, match="update training_platform_dagster/daemon.py"):
+        use_paced_queue()
