@@ -95,8 +95,7 @@ def _open(driver, url: str, must_show: list[str]) -> str:
     driver.get(url)
 
     def shown(d) -> str | bool:
-        for skip in d.find_elements(By.XPATH, "//button[normalize-space()='Skip']"):  # the community pop-up
-            skip.click()
+        _skip_popups(d)
         text = d.find_element(By.TAG_NAME, "body").text
         return text if all(word in text for word in must_show) else False
 
@@ -106,6 +105,35 @@ def _open(driver, url: str, must_show: list[str]) -> str:
         text = driver.find_element(By.TAG_NAME, "body").text
         missing = [w for w in must_show if w not in text]
         pytest.fail(f"{url} never showed {missing}; the page shows:\n{text[:2000]}")
+
+
+def _skip_popups(driver) -> None:
+    from selenium.webdriver.common.by import By
+
+    for skip in driver.find_elements(By.XPATH, "//button[normalize-space()='Skip']"):  # the community pop-up
+        skip.click()
+
+
+def _click(driver, find) -> None:
+    """Click the element `find(driver)` returns once nothing covers it: a pop-up can open after the page has
+    shown what `_open` waited for (seen: a dialog's backdrop took the click), and its content can re-render."""
+    from selenium.common.exceptions import ElementClickInterceptedException, StaleElementReferenceException
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def clicked(d) -> bool:
+        _skip_popups(d)
+        try:
+            element = find(d)
+            d.execute_script("arguments[0].scrollIntoView()", element)
+            element.click()
+        except (ElementClickInterceptedException, StaleElementReferenceException):
+            ActionChains(d).send_keys(Keys.ESCAPE).perform()  # closes a dialog that is not the community one
+            return False
+        return True
+
+    WebDriverWait(driver, WAIT_S, poll_frequency=1).until(clicked)
 
 
 def test_asset_graph_shows_the_five_assets(browser, ui, artifacts):
@@ -128,11 +156,12 @@ def test_training_run_shows_cost_utilization_checks_and_the_loss_curve(browser, 
     )
     assert "Latest check results" in text
     browser.save_screenshot(str(artifacts / "training_run.png"))
-    row = browser.find_element(By.XPATH, "//tr[td[normalize-space()='loss_curve']]")
-    browser.execute_script("arguments[0].scrollIntoView()", row)
-    row.find_element(
-        By.XPATH, ".//a[normalize-space()='[Show Markdown]'] | .//button[normalize-space()='[Show Markdown]']"
-    ).click()
+    _click(
+        browser,
+        lambda d: d.find_element(By.XPATH, "//tr[td[normalize-space()='loss_curve']]").find_element(
+            By.XPATH, ".//a[normalize-space()='[Show Markdown]'] | .//button[normalize-space()='[Show Markdown]']"
+        ),
+    )
     image = WebDriverWait(browser, 30).until(
         lambda d: d.find_elements(By.XPATH, "//img[starts-with(@src, 'data:image/png;base64,')]")
     )[0]
