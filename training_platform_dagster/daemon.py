@@ -11,7 +11,6 @@ daemon is Dagster's, unchanged.
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -59,9 +58,6 @@ def use_paced_queue() -> None:
 
 
 def main() -> None:
-    # As in code_server.py: `tp server stop` sends SIGTERM, which Dagster handles as SIGINT; a shell's background
-    # job starts with SIGINT ignored.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     use_paced_queue()
     from dagster._daemon.cli import main as daemon_main
 
