@@ -25,6 +25,8 @@ import signal
 import sys
 from multiprocessing import forkserver
 
+from training_platform.launch.standby import SHARED_OWNER_ENV
+
 WARM_MODULES = ["dagster", "dagster._grpc.impl", "dagster._core.execution.api"]
 """Imported by the fork server before any run; the code location's module is added from the command line."""
 
@@ -89,6 +91,9 @@ def main() -> None:
     # server (an ignored signal stays ignored across exec).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     argv = sys.argv[1:]
+    # Inherited by every run's process: the local launcher's training jobs start from a shared warm standby, which
+    # leaves with this server (training_platform/launch/standby.py).
+    os.environ[SHARED_OWNER_ENV] = str(os.getpid())
     use_warm_processes(_location_module(argv), os.environ.get("DAGSTER_HOME"))
     from dagster._cli import main as dagster_main
 

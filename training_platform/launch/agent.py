@@ -10,9 +10,9 @@ Why a fork server and not a plain fork of the agent: the agent runs threads (the
 its keep-alive timer), and a worker forked while one of them held a lock can hang on it forever.
 The fork server is single-threaded and never initializes CUDA, so its children are safe on GPUs.
 
-A spot run on the local launcher goes one step further: where the run has a warm standby
-(standby.py), this process only asks it to fork the agent, and that agent's workers are forked by
-the standby too, so a requeue imports nothing at all.
+On the local launcher it goes one step further: where the run has a warm standby (standby.py: a
+spot run's own, or the shared one of a `tp server`), this process only asks it to fork the agent,
+and that agent's workers are forked by the standby too, so the attempt imports nothing at all.
 """
 
 from __future__ import annotations
@@ -76,8 +76,11 @@ def run_module(module: str, *argv: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if os.environ.get(standby.STANDBY_ENV):  # a spot run on the local launcher: attach to its warm standby
-        status = standby.run_in_standby(Path.cwd(), "agent", argv)
+    # On the local launcher, a warm standby: the run's own (a spot run's), else the shared one.
+    standbys = [standby.address(Path.cwd())] if os.environ.get(standby.STANDBY_ENV) else []
+    standbys += [standby.shared_address()] if os.environ.get(standby.SHARED_ENV) else []
+    for name in standbys:
+        status = standby.run_in_standby(name, "agent", argv)
         if status is not None:
             standby.exit_as(status)
     # Started before this process imports torch, so the two imports run side by side. It ignores

@@ -25,6 +25,7 @@ from training_platform.launch.base import (
 )
 from training_platform.launch.failures import last_exception
 from training_platform.launch.job_env import job_environment
+from training_platform.paths import PlatformHome
 from training_platform.spec import TrainSpec
 
 EXIT_CODE_FILE = "exit_code"
@@ -66,6 +67,8 @@ class LocalLauncher:
         if request.spec.resources.spot:
             # Spot runs expect preemptions: their requeues start from a warm standby (standby.py).
             env[standby.STANDBY_ENV] = "1"
+        if os.environ.get(standby.SHARED_OWNER_ENV, "").isdigit():
+            env[standby.SHARED_ENV] = "1"  # a `tp server`'s run: it starts from the shared standby once that is up
         command = [
             python_executable(),
             "-m",
@@ -123,6 +126,9 @@ class LocalLauncher:
             (plan.workdir / standby.JOB_PID_FILE).write_text(str(proc.pid))
             if not standby.running(plan.workdir, env):
                 standby.spawn(plan.workdir, proc.pid, env)
+        if standby.SHARED_ENV in plan.env and not standby.bound(standby.shared_address(env)):
+            owner = int(os.environ[standby.SHARED_OWNER_ENV])
+            standby.spawn_shared(PlatformHome.from_env().root, owner, env)  # for the runs after this one
         return JobHandle(backend=self.name, job_id=f"{proc.pid}:{plan.workdir}", run_id=plan.run_id)
 
     def status(self, handle: JobHandle) -> JobStatus:

@@ -65,8 +65,10 @@ def local_training_processes(me: psutil.Process | None = None) -> list[psutil.Pr
     try:
         parent = me.parent()
         cmdline = me.cmdline()
-        # The name too: ranks forked by a warm standby share its command line with their agent.
-        siblings = [p for p in parent.children() if p.cmdline() == cmdline and p.name() == me.name()] if parent else []
+        # The name too: ranks forked by a warm standby share its command line with their agent; and the working
+        # directory (the run's), as a shared standby forks the ranks of other runs as well.
+        alike = (cmdline, me.name(), me.cwd())
+        siblings = [p for p in parent.children() if (p.cmdline(), p.name(), p.cwd()) == alike] if parent else []
     except psutil.Error:
         siblings = []
     return siblings or [me]

@@ -29,6 +29,8 @@ seen = {
     "pid": os.getpid(),
     "ppid": os.getppid(),
     "cwd": os.getcwd(),
+    "path0": sys.path[0],
+    "has_secret": "PROBE_SECRET" in os.environ,
     "start_method": multiprocessing.get_start_method(),
     "threads": torch.get_num_threads(),
     "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,

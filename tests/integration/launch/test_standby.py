@@ -113,7 +113,7 @@ import contextlib, pathlib, socket, sys
 from training_platform.launch import standby
 run_dir = pathlib.Path(sys.argv[1])
 # As a requester: it does not hand its job to a standby of another user.
-assert standby.run_in_standby(run_dir, "worker", ["agent_probe"]) is None
+assert standby.run_in_standby(standby.address(run_dir), "worker", ["agent_probe"]) is None
 # As an intruder: the standby refuses to act on its request.
 intruder = socket.socket(socket.AF_UNIX)
 intruder.connect(standby.address(run_dir))

@@ -43,14 +43,17 @@ def step_reached(platform: Platform, run_id: str) -> int:
 
 
 def processes_of(run_id: str) -> list[psutil.Process]:
-    """Live processes that belong to a run: its ranks, agent, fork server and shell name it on their command line."""
+    """Live processes that belong to a run: its ranks, agent, fork server and shell name it on their command line;
+    an agent and ranks forked by a warm standby (launch/standby.py) work in its run directory."""
     found = []
-    for process in psutil.process_iter(["cmdline", "status"]):
+    for process in psutil.process_iter(["cmdline", "status", "cwd"]):
         try:
             cmdline = " ".join(process.info["cmdline"] or [])
+            in_run_dir = Path(process.info["cwd"] or "/").parts[-2:] == ("runs", run_id)
         except psutil.Error:
             continue
-        if run_id in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE and process.pid != psutil.Process().pid:
+        ours = run_id in cmdline or in_run_dir
+        if ours and process.info["status"] != psutil.STATUS_ZOMBIE and process.pid != psutil.Process().pid:
             found.append(process)
     return found
 

@@ -21,6 +21,7 @@ from tests.fixtures.worker import wait_until
 from tests.integration.server.runs import detach, processes_of, run_row, step_reached, weights_of, write_spec
 from training_platform.client import PlatformClient
 from training_platform.client.runs import wait_for
+from training_platform.launch import standby
 from training_platform.runlog import RunEvents
 from training_platform.runs import new_run_id
 from training_platform.spec import load_spec
@@ -143,6 +144,23 @@ def test_status_and_metrics_show_a_training_run_while_it_trains(platform, tmp_pa
         metrics.wait(20)
         cancelled = platform.tp("cancel", run_id, "--json")
     assert cancelled.returncode == 0, cancelled.stderr[-3000:]
+
+
+def test_a_servers_runs_start_warm_from_its_shared_standby(platform, tmp_path):
+    """The first run of a server starts the shared standby (launch/standby.py); once it is ready, a run's agent and
+    ranks are its forks, and the run trains as any other."""
+    short = {"training": {"max_steps": 20, "eval_every": 10, "log_every": 10}}
+    first = platform.tp("train", str(write_spec(tmp_path, "warm-first", **short)), "--json")
+    assert first.returncode == 0, first.stderr[-3000:]
+    log = platform.home / standby.SHARED_LOG_FILE
+    wait_until(lambda: log.is_file() and "ready in" in log.read_text(), 180, "the shared standby ready")
+    proc = platform.tp("train", str(write_spec(tmp_path, "warm-second", **short)), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = last_json(proc)
+    assert summary["status"] == "SUCCEEDED" and summary["final_step"] == 20
+    run_dir = os.path.realpath(platform.home / "runs" / summary["run_id"])
+    forked = log.read_text()
+    assert "forked agent" in forked and f"in {run_dir}" in forked, forked[-2000:]
 
 
 def _status_row(platform, run_id: str) -> dict | None:

@@ -1,0 +1,101 @@
+"""The shared warm standby (launch/standby.py, SharedStandby): every run's first attempt forked warm, each run's
+ranks kept to their own, and gone with its owner."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.fixtures.worker import wait_until
+from training_platform.launch import standby
+from training_platform.telemetry.samplers import local_training_processes
+
+pytestmark = pytest.mark.integration
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """A shared standby for a platform home, owned by a stand-in server process, loaded."""
+    home = tmp_path_factory.mktemp("home")
+    env = {**os.environ, "TP_HOME": str(home)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    env.pop("OMP_NUM_THREADS", None)
+    owner = subprocess.Popen(["sleep", "600"])
+    # A job's credentials: the standby is started with none of them, though the launcher hands it the job's env.
+    standby.spawn_shared(home, owner.pid, {**env, "AWS_SECRET_ACCESS_KEY": "not-for-the-standby"})
+    log = home / standby.SHARED_LOG_FILE
+    wait_until(lambda: "ready in" in log.read_text(), what="shared standby ready", timeout=120)
+    agents: list[subprocess.Popen] = []
+    yield home, owner, env, agents
+    for process in [owner, *agents]:  # a test that failed midway leaves them running
+        process.kill()
+
+
+def _standby_pid(home: Path) -> int:
+    return int((home / standby.SHARED_LOG_FILE).read_text().split("standby ", 1)[1].split(":", 1)[0])
+
+
+def _agent(shared, run: str, *module_args: str, env_extra: dict | None = None) -> tuple[subprocess.Popen, Path]:
+    home, _, env, agents = shared
+    run_dir = home / "runs" / run
+    run_dir.mkdir(parents=True)
+    command = [sys.executable, "-m", "training_platform.launch.agent", "--nproc-per-node=2",
+               "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", f"--rdzv-id={run}", "-m", "agent_probe",
+               *module_args]
+    env = {**env, standby.SHARED_ENV: "1", "PROBE_DIR": str(run_dir), "PROBE_SECRET": run, **(env_extra or {})}
+    out = open(run_dir / "agent.log", "w")  # noqa: SIM115 - the agent's stdout, as the launcher's log file
+    agents.append(subprocess.Popen(command, cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT))
+    return agents[-1], run_dir
+
+
+def _ranks(run_dir: Path) -> list[dict]:
+    wait_until(lambda: all((run_dir / f"rank{r}.json").is_file() for r in (0, 1)), what="both ranks started")
+    return [json.loads((run_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_runs_start_as_its_forks_each_as_its_own_job(shared, monkeypatch):
+    home = shared[0]
+    first, first_dir = _agent(shared, "first", "--wait")
+    second, second_dir = _agent(shared, "second", "--greeting", "hello")
+    assert second.wait(timeout=120) == 0, (second_dir / "agent.log").read_text()[-3000:]
+    first_ranks = _ranks(first_dir)
+    for run_dir, seen_ranks in ((first_dir, first_ranks), (second_dir, _ranks(second_dir))):
+        for seen in seen_ranks:
+            assert seen["ppid"] == _standby_pid(home)  # forked warm, not started cold
+            # As a cold rank of this run would be: its directory, `python -m`'s path entry, its job's environment.
+            assert seen["cwd"] == seen["path0"] == str(run_dir) and seen["has_secret"]
+            assert seen["threads"] == 1 and not seen["cuda_initialized"]
+            assert seen["sigterm_default"] or seen["argv"] == ["--wait"]  # a waiting probe handles SIGTERM itself
+    assert "probe rank 0 on stdout" in (second_dir / "agent.log").read_text()
+    # The node's telemetry samples this run's two ranks: not its agent, not another run's ranks.
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "first")
+    sampled = local_training_processes(psutil.Process(first_ranks[0]["pid"]))
+    assert sorted(p.pid for p in sampled) == sorted(seen["pid"] for seen in first_ranks)
+    first.kill()  # a SIGKILLed job takes its forks along
+    _, alive = psutil.wait_procs([psutil.Process(seen["pid"]) for seen in first_ranks], timeout=30)
+    assert not alive
+
+
+def test_it_holds_no_job_credentials_and_serves_only_its_import_environment(shared):
+    home = shared[0]
+    assert "AWS_SECRET_ACCESS_KEY" not in psutil.Process(_standby_pid(home)).environ()
+    # A job that imports torch with other settings starts cold, as it would without a standby.
+    agent, run_dir = _agent(shared, "other-settings", env_extra={"TORCH_SHOW_CPP_STACKTRACES": "1"})
+    assert agent.wait(timeout=120) == 0, (run_dir / "agent.log").read_text()[-3000:]
+    assert all(seen["ppid"] != _standby_pid(home) for seen in _ranks(run_dir))
+
+
+def test_it_leaves_with_its_owner(shared):
+    home, owner, env, _ = shared
+    pid = _standby_pid(home)
+    owner.kill()
+    owner.wait()
+    wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+               what="shared standby gone")
+    assert not standby.bound(standby.shared_address(env))
+    assert (home / standby.SHARED_LOG_FILE).read_text().rstrip().endswith("left")
