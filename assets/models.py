@@ -67,9 +67,6 @@ def registered_model(
     spec = parse_spec(training_run["spec"])
     tracking_uri = platform.mlflow_uri()
     model_name = spec.name
-    gate = tracking.promotion_gate(tracking_uri, model_name, evaluated_model["test_accuracy"])
-    context.log.info(f"promotion gate: {'pass' if gate.promote else 'fail'}: {gate.reason}")
-
     store_uri = evaluated_model["store_uri"]
     manifest = find_checkpoint(
         store_uri,
@@ -88,9 +85,16 @@ def registered_model(
         "checkpoint_uri": manifest.uri,
         **{k: str(v) for k, v in lineage.items()},
     }
-    version = tracking.register_model(
-        tracking_uri, training_run["mlflow_run_id"], model_name, model, example, tags, gate.promote
+    version = tracking.register_model(tracking_uri, training_run["mlflow_run_id"], model_name, model, example, tags)
+    gate = tracking.promote(
+        tracking_uri,
+        training_run["mlflow_run_id"],
+        model_name,
+        version,
+        evaluated_model["test_accuracy"],
+        platform.paths().root / "locks",
     )
+    context.log.info(f"promotion gate: {'pass' if gate.promote else 'fail'}: {gate.reason}")
     # While the version exists, retention, tiering and GC keep its checkpoint (the lifecycle
     # schedule removes the pin once the version is deleted or archived).
     open_store(store_uri).pin(manifest.run_id, manifest.step, model_pin_reason(model_name, version))

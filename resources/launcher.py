@@ -111,7 +111,7 @@ class LauncherResource(dg.ConfigurableResource):
                 if status.state.finished or status.state == JobState.PREEMPTED:
                     return status
                 self._follow_requeued(context, launcher, handle, request, status)
-            time.sleep(self.poll_seconds)
+            launcher.wait(handle, self.poll_seconds)
             live.poll()
 
     @staticmethod

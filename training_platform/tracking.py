@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ from training_platform.redaction import Redactor
 from training_platform.spec import TrainSpec
 
 CHAMPION_ALIAS = "champion"
+ALIAS_WRITE_ATTEMPTS = 5
 REQUIRED_TAGS = (
     "team",
     "owner",
@@ -187,26 +190,53 @@ def model_requirements() -> list[str]:
 
 
 def register_model(
-    tracking_uri: str,
-    mlflow_run_id: str,
-    model_name: str,
-    model: Any,
-    input_example: Any,
-    tags: dict[str, str],
-    promote: bool,
+    tracking_uri: str, mlflow_run_id: str, model_name: str, model: Any, input_example: Any, tags: dict[str, str]
 ) -> str:
-    """Log the model into its training run, register a version with lineage tags, move the alias if promoted."""
+    """Log the model into its training run and register a version with lineage tags; the alias moves through
+    `promote`."""
     import mlflow
     import mlflow.pytorch
 
     mlflow.set_tracking_uri(tracking_uri)
-    client = _client(tracking_uri)
     with mlflow.start_run(run_id=mlflow_run_id):
         info = mlflow.pytorch.log_model(
             model, name="model", input_example=input_example, pip_requirements=model_requirements()
         )
-    version = mlflow.register_model(info.model_uri, model_name, tags=tags)
-    client.set_tag(mlflow_run_id, "candidate_status", "champion" if promote else "rejected")
-    if promote:
-        client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version.version)
-    return str(version.version)
+    return str(mlflow.register_model(info.model_uri, model_name, tags=tags).version)
+
+
+def promote(
+    tracking_uri: str, mlflow_run_id: str, model_name: str, version: str, candidate_accuracy: float, lock_dir: Path
+) -> GateDecision:
+    """The gate, then the champion alias moved to VERSION if it passed, as one step per model.
+
+    Two runs of one model that finish together (a sweep, a team's batch) would otherwise both pass against the
+    same champion, and the worse could end champion, or the second alias write fail outright (SQLite's store
+    inserts the alias, and the two inserts collide). The step holds a lock of the model's, in LOCK_DIR (the
+    platform home's, which every run of this machine shares), and retries a write another machine's run collided
+    with, deciding again each time.
+    """
+    from mlflow.exceptions import MlflowException
+
+    client = _client(tracking_uri)
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    lock_path = lock_dir / f"registry-{hashlib.sha256(model_name.encode()).hexdigest()[:16]}.lock"
+    with lock_path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for attempt in range(ALIAS_WRITE_ATTEMPTS):
+            gate = promotion_gate(tracking_uri, model_name, candidate_accuracy)
+            if gate.champion_version is not None and str(gate.champion_version) == version:
+                # The write that raised had gone through: this version is the champion already.
+                gate = GateDecision(True, f"v{version} is the champion", gate.champion_version, gate.champion_accuracy)
+                break
+            if not gate.promote:
+                break
+            try:
+                client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version)
+                break
+            except MlflowException:
+                if attempt == ALIAS_WRITE_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.2 * 2**attempt)
+    client.set_tag(mlflow_run_id, "candidate_status", "champion" if gate.promote else "rejected")
+    return gate

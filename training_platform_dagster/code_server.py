@@ -27,6 +27,8 @@ from multiprocessing import forkserver
 
 from training_platform.launch.standby import SHARED_OWNER_ENV
 
+WARM_STARTS_ENV = "TP_WARM_STARTS"
+
 WARM_MODULES = ["dagster", "dagster._grpc.impl", "dagster._core.execution.api"]
 """Imported by the fork server before any run; the code location's module is added from the command line."""
 
@@ -92,8 +94,9 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     argv = sys.argv[1:]
     # Inherited by every run's process: the local launcher's training jobs start from a shared warm standby, which
-    # leaves with this server (training_platform/launch/standby.py).
-    os.environ[SHARED_OWNER_ENV] = str(os.getpid())
+    # leaves with this server (training_platform/launch/standby.py). TP_WARM_STARTS=0 turns it off (its memory).
+    if os.environ.get(WARM_STARTS_ENV, "1") != "0":
+        os.environ[SHARED_OWNER_ENV] = str(os.getpid())
     use_warm_processes(_location_module(argv), os.environ.get("DAGSTER_HOME"))
     from dagster._cli import main as dagster_main
 

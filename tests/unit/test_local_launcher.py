@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from training_platform.errors import SpecError
-from training_platform.launch import JobHandle, JobState, RunRequest
+from training_platform.launch import JobHandle, JobState, LaunchPlan, RunRequest, standby
 from training_platform.launch.local import LocalLauncher
 from training_platform.spec import parse_spec
 
@@ -60,3 +60,19 @@ def test_a_new_attempt_does_not_inherit_the_last_attempts_result(tmp_path):
     (tmp_path / "result.json").write_text('{"status": "SUCCEEDED"}')
     spec_path = _request(tmp_path).write_spec()
     assert spec_path.is_file() and not (tmp_path / "result.json").exists()
+
+
+@pytest.mark.timeout(60)
+def test_wait_returns_when_the_job_ends_not_when_the_poll_is_due(tmp_path):
+    launcher = LocalLauncher(visible_gpus=0)
+    plan = LaunchPlan(backend="local", run_id="r-1", command=["true"], env={}, workdir=tmp_path, resources={})
+    handle = launcher.submit(plan)
+    launcher.wait(handle, 3600)  # a poll due in an hour: the job's end ends the wait
+    assert launcher.status(handle).state == JobState.SUCCEEDED
+
+
+def test_a_tp_servers_runs_and_only_they_look_for_the_shared_standby(tmp_path, monkeypatch):
+    monkeypatch.delenv(standby.SHARED_OWNER_ENV, raising=False)
+    assert standby.SHARED_ENV not in LocalLauncher(visible_gpus=0).plan(_request(tmp_path)).env
+    monkeypatch.setenv(standby.SHARED_OWNER_ENV, "4242")  # what the platform's code server sets, to its pid
+    assert LocalLauncher(visible_gpus=0).plan(_request(tmp_path)).env[standby.SHARED_ENV] == "1"

@@ -118,6 +118,11 @@ class Launcher(Protocol):
 
     def logs(self, handle: JobHandle) -> str: ...
 
+    def wait(self, handle: JobHandle, timeout: float) -> None:
+        """Return when the job may have changed state (its process ended, where the launcher can see that), or
+        after TIMEOUT seconds: the pause between two status polls."""
+        ...
+
     def move_to_on_demand(self, handle: JobHandle, spec: TrainSpec) -> str | None:
         """Move a spot job the engine keeps (requeued, evicted) to on-demand capacity before it runs again;
         what was done, or None where the backend cannot (a job that is gone is resubmitted instead)."""

@@ -7,6 +7,7 @@ works without it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -203,6 +204,9 @@ class KubernetesLauncher:
     def release_requeue_hold(self, handle: JobHandle) -> str | None:
         """Kueue readmits an evicted Job by its own backoff and quota; the platform does not hurry it."""
         return None
+
+    def wait(self, handle: JobHandle, timeout: float) -> None:
+        time.sleep(timeout)  # one status read per poll: a watch per run would hold a connection to the API server
 
     def logs(self, handle: JobHandle) -> str:
         """Rank 0's pod log (pod index 0 runs the rendezvous head and global rank 0)."""

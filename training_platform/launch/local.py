@@ -188,6 +188,16 @@ class LocalLauncher:
         if proc is not None:
             proc.poll()
 
+    def wait(self, handle: JobHandle, timeout: float) -> None:
+        """Until the job's shell ends, where this process started it (the run's end is seen at once, not at the next
+        poll); else TIMEOUT seconds."""
+        proc = self._procs.get(str(_parse(handle)[0]))
+        if proc is None:
+            time.sleep(timeout)
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout)
+
     def logs(self, handle: JobHandle) -> str:
         _, workdir = _parse(handle)
         path = workdir / LOG_FILE

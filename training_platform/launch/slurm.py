@@ -15,6 +15,7 @@ Measured on Slurm 22.05 (tests/integration/launch/).
 from __future__ import annotations
 
 import shlex
+import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -200,6 +201,9 @@ class SlurmLauncher:
                 "check that the partition exists and the job is still pending"
             )
         return f"Slurm job {handle.job_id} moved to partition {partition}"
+
+    def wait(self, handle: JobHandle, timeout: float) -> None:
+        time.sleep(timeout)  # Slurm tells a job's end only when asked
 
     def logs(self, handle: JobHandle) -> str:
         path = self._logs.get(handle.job_id)

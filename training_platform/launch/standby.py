@@ -68,8 +68,9 @@ STOP_POLL_SECONDS = 2.0
 # What the agent imports, besides what its workers import (agent.PRELOADED_MODULES).
 AGENT_MODULES = ["torch.distributed.run", "torch.distributed.launcher.api", "training_platform.launch.agent"]
 # What the main rank imports to report (train/reporting.py), once it knows it reports: 1.5 s of each start it
-# serves otherwise. A cold start leaves them out of its fork server, which would import them for every rank.
-REPORTING_MODULES = ["mlflow.tracking", "dagster_pipes"]
+# serves otherwise, and 0.7 s more for the embedded default's SQLite tracking store (SQLAlchemy, Alembic). A cold
+# start leaves them out of its fork server, which would import them for every rank.
+REPORTING_MODULES = ["mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store", "dagster_pipes"]
 LOG_FILE = "standby.log"
 SHARED_LOG_FILE = "shared-standby.log"  # in the platform home
 # What a process imports torch with, besides the code: a job whose values differ here does not use a shared standby
