@@ -24,7 +24,14 @@ from training_platform.paths import PlatformHome
 from training_platform.runs import SUBMITTED_SPEC, read_result, register_run
 from training_platform.spec import TrainSpec
 from training_platform.sweeps.spec import SweepSpec
-from training_platform.sweeps.study import distributions, enqueue_grid, grid_points, open_study, storage_url_for
+from training_platform.sweeps.study import (
+    distributions,
+    enqueue_grid,
+    grid_points,
+    open_study,
+    public_url,
+    storage_url_for,
+)
 from training_platform.sweeps.trial import TrialContext
 
 RUN_ID_ATTR = "run_id"
@@ -81,7 +88,7 @@ class SweepResult:
         return {
             "sweep": self.sweep,
             "status": "SUCCEEDED" if self.best is not None else "FAILED",
-            "storage": self.storage,
+            "storage": public_url(self.storage),
             "trials": len(self.trials),
             **{s.lower(): n for s, n in self.counts().items()},
             "total_steps": self.total_steps,
@@ -175,7 +182,7 @@ class SweepDriver:
         register_run(self.home, spec, run_id)
         TrialContext(
             sweep=self.sweep.name,
-            storage=self.storage,
+            storage=public_url(self.storage),
             trial_id=trial._trial_id,  # the storage's id, which a worker needs to re-open this trial
             trial_number=trial.number,
             metric=self.sweep.objective.metric,

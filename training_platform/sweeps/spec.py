@@ -90,6 +90,23 @@ class SweepSpec(_Strict):
     deadline: datetime | None = Field(None, description="finish by (ISO 8601); trials start in the cheapest window")
     storage: str | None = Field(None, description="Optuna RDB URL; default: sqlite:///$TP_HOME/sweeps.db")
 
+    @field_validator("storage")
+    @classmethod
+    def _no_password(cls, url: str | None) -> str | None:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            password = make_url(url).password if url else None
+        except ArgumentError as exc:
+            raise ValueError(f"not a database URL ({exc}); e.g. postgresql+psycopg2://user@host/optuna") from None
+        if password is not None:
+            raise ValueError(
+                "holds a password, which would be recorded with the sweep's spec; leave storage out and set "
+                "TP_SWEEP_STORAGE to the URL in the platform server's environment"
+            )
+        return url
+
     @field_validator("search_space")
     @classmethod
     def _paths_exist(cls, space: dict[str, Param]) -> dict[str, Param]:

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import optuna
 
+from training_platform.errors import PlatformError
 from training_platform.sweeps.spec import PrunerSpec, SamplerSpec, SweepSpec
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+STORAGE_ENV = "TP_SWEEP_STORAGE"  # the team's study database (URL with its password): jobs get it too (job_env.py)
 
 
 def default_storage_url(home_root: Path) -> str:
@@ -97,4 +102,27 @@ def enqueue_grid(study: optuna.Study, sweep: SweepSpec) -> int:
 
 
 def storage_url_for(sweep: SweepSpec, home_root: Path) -> str:
-    return sweep.storage or os.environ.get("TP_SWEEP_STORAGE") or default_storage_url(home_root)
+    return sweep.storage or os.environ.get(STORAGE_ENV) or default_storage_url(home_root)
+
+
+def public_url(url: str) -> str:
+    """URL with its password hidden: what the sweep's records, summaries and trial files carry."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def private_url(public: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The storage URL that PUBLIC stands for: itself where it holds no password, else STORAGE_ENV's, whose password
+    it hides (the one place the password is: the server's environment, which jobs get)."""
+    from sqlalchemy.engine import make_url
+
+    if make_url(public).password is None:
+        return public
+    configured = environ.get(STORAGE_ENV)
+    if configured and public_url(configured) == public:
+        return configured
+    raise PlatformError(
+        f"the sweep's study storage {public} needs its password: set {STORAGE_ENV} to that URL in the environment "
+        "of the platform server (and so of its jobs)"
+    )

@@ -60,12 +60,12 @@ class TrialPruning:
         import optuna
 
         from training_platform.sweeps.spec import PrunerSpec
-        from training_platform.sweeps.study import build_pruner, open_storage
+        from training_platform.sweeps.study import build_pruner, open_storage, private_url
 
         self.context = context
         study = optuna.load_study(
             study_name=context.sweep,
-            storage=open_storage(context.storage),
+            storage=open_storage(private_url(context.storage)),
             pruner=build_pruner(PrunerSpec(**context.pruner)),
         )
         self._trial = optuna.trial.Trial(study, context.trial_id)

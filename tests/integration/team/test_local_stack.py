@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.fixtures.platform import last_json, server_logs
+from tests.fixtures.platform import ROOT, last_json, server_logs
 from tests.fixtures.team_stack import Stack, running_stack
 from tests.fixtures.worker import wait_until
 from tests.integration.server.runs import detach, step_reached, write_spec
@@ -32,6 +33,27 @@ def stack() -> Iterator[Stack]:
 @pytest.fixture(scope="module")
 def trained(stack: Stack) -> dict:
     proc = stack.tp("train", "examples/digits.yaml", "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:] + server_logs(stack.dir / "home")
+    return last_json(proc)
+
+
+@pytest.fixture(scope="module")
+def swept(stack: Stack, tmp_path_factory) -> dict:
+    """A two-trial sweep of short digits runs, through the stack's platform server."""
+    base = yaml.safe_load((ROOT / "examples" / "digits.yaml").read_text()) | {"name": "stack-sweep-digits"}
+    base["training"].update(max_steps=20, eval_every=10, log_every=10)
+    base["resources"]["procs_per_node"] = 1
+    sweep = {
+        "name": "stack-sweep",
+        "base": base,
+        "search_space": {"training.learning_rate": {"type": "float", "low": 0.001, "high": 0.1, "log": True}},
+        "sampler": {"type": "random", "seed": 5},
+        "pruner": {"type": "none"},
+        "limits": {"max_trials": 2, "parallel_trials": 2},
+    }
+    path = tmp_path_factory.mktemp("sweep") / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    proc = stack.tp("sweep", str(path), "--json")
     assert proc.returncode == 0, proc.stderr[-4000:] + server_logs(stack.dir / "home")
     return last_json(proc)
 
@@ -93,7 +115,23 @@ def test_the_pipeline_runs_on_the_stack_database_tracking_server_and_bucket(stac
     assert version.run_id == trained["mlflow_run_id"]
 
 
-def test_the_stacks_credentials_appear_in_no_file_log_or_record(stack, trained):
+def test_a_sweeps_study_is_in_the_stack_database(stack, swept):
+    """Optuna's study and trials are in the stack's PostgreSQL database, as the Dagster runs of its trials are."""
+    import psycopg2
+
+    assert swept["trials"] == 2 and swept["fail"] == 0, swept
+    settings = stack.settings
+    url = settings["TP_SWEEP_STORAGE"].replace("postgresql+psycopg2://", "postgresql://")
+    with psycopg2.connect(url) as connection, connection.cursor() as cursor:
+        cursor.execute(
+            "select count(*) from trials join studies using (study_id) where study_name = %s and state = 'COMPLETE'",
+            ("stack-sweep",),
+        )
+        assert cursor.fetchone()[0] == 2
+    assert not (stack.dir / "home" / "sweeps.db").exists(), "Optuna wrote a SQLite study in the home"
+
+
+def test_the_stacks_credentials_appear_in_no_file_log_or_record(stack, trained, swept):
     """The database password and the S3 secret key live in the environment (and stack.env) only."""
     import boto3
     import psycopg2
@@ -228,7 +266,9 @@ def test_tracking_server_and_s3_down_30_s_while_a_run_trains_and_checkpoints(sta
     down_until = step_reached(platform, run_id)
     assert down_until < 25000, "the run ended during the outage; give it more steps"
     again = stack.script("up")
-    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.returncode == 0, again.stderr[-3000:] + "".join(
+        f"\n--- {log.name}\n{log.read_text(errors='replace')[-3000:]}" for log in (stack.dir / "log").glob("*.log")
+    )
 
     row = _ended(stack, run_id)
     assert row["state"] == "SUCCEEDED", row

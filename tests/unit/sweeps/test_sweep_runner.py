@@ -140,3 +140,19 @@ def test_no_trial_is_released_after_the_sweeps_cost_window_ends(tmp_path):
     )
     assert closed.launch == [] and closed.result is not None
     assert closed.result.stopped_by == "window_closed" and len(closed.result.trials) == 2
+
+
+def test_a_study_databases_password_stays_in_the_environment():
+    """The storage URL every record carries hides its password; a trial's worker takes it from TP_SWEEP_STORAGE."""
+    from training_platform.errors import PlatformError
+    from training_platform.sweeps.study import private_url, public_url
+
+    url = "postgresql+psycopg2://tp:s3cret-pass@127.0.0.1:5432/optuna"
+    public = public_url(url)
+    assert "s3cret-pass" not in public and public.startswith("postgresql+psycopg2://tp:")
+    assert private_url(public, {"TP_SWEEP_STORAGE": url}) == url
+    assert private_url("sqlite:////tmp/sweeps.db", {}) == "sqlite:////tmp/sweeps.db"  # no password: as it is
+    with pytest.raises(PlatformError, match="set TP_SWEEP_STORAGE"):
+        private_url(public, {"TP_SWEEP_STORAGE": "postgresql+psycopg2://tp:other@127.0.0.1:5432/elsewhere"})
+    with pytest.raises(SpecError, match="storage.*password.*TP_SWEEP_STORAGE"):
+        parse_sweep(sweep_data(storage=url))
