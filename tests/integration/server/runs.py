@@ -22,6 +22,28 @@ def write_spec(directory: Path, name: str, team: str = "ml-platform", **changes)
     return path
 
 
+def write_sweep(directory: Path, name: str, max_trials: int, seed: int, checkpoint: dict | None = None,
+                **training) -> Path:
+    """A random search over the example's learning rate (`training` changed, one process per trial, no pruning),
+    two trials at a time."""
+    base = yaml.safe_load((ROOT / "examples" / "digits.yaml").read_text()) | {"name": f"{name}-digits"}
+    base["training"].update(training)
+    base["resources"]["procs_per_node"] = 1
+    if checkpoint is not None:
+        base["checkpoint"] = checkpoint
+    sweep = {
+        "name": name,
+        "base": base,
+        "search_space": {"training.learning_rate": {"type": "float", "low": 0.001, "high": 0.1, "log": True}},
+        "sampler": {"type": "random", "seed": seed},
+        "pruner": {"type": "none"},
+        "limits": {"max_trials": max_trials, "parallel_trials": 2},
+    }
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    return path
+
+
 def detach(platform: Platform, spec: Path, *args: str) -> str:
     """`tp train SPEC --detach`: the run id."""
     proc = platform.tp("train", str(spec), "--detach", "--json", *args)

@@ -14,11 +14,18 @@ from collections import Counter
 
 import dagster as dg
 import pytest
-import yaml
 
-from tests.fixtures.platform import ROOT, free_port, last_json, server_logs
+from tests.fixtures.platform import free_port, last_json, server_logs
 from tests.fixtures.worker import wait_until
-from tests.integration.server.runs import detach, processes_of, run_row, step_reached, weights_of, write_spec
+from tests.integration.server.runs import (
+    detach,
+    processes_of,
+    run_row,
+    step_reached,
+    weights_of,
+    write_spec,
+    write_sweep,
+)
 from training_platform.client import PlatformClient
 from training_platform.client.runs import wait_for
 from training_platform.launch import standby
@@ -191,20 +198,8 @@ def _scrape(port: int) -> str:
 
 
 def test_the_daemon_killed_and_restarted_mid_sweep_loses_no_trial_and_runs_none_twice(platform, tmp_path):
-    base = yaml.safe_load((ROOT / "examples" / "digits.yaml").read_text()) | {"name": "restart-digits"}
-    base["training"].update(max_steps=60, eval_every=20, log_every=20)
-    base["resources"]["procs_per_node"] = 1
-    base["checkpoint"] = {"every_steps": 30, "keep_last": 1}
-    sweep = {
-        "name": "restart-sweep",
-        "base": base,
-        "search_space": {"training.learning_rate": {"type": "float", "low": 0.001, "high": 0.1, "log": True}},
-        "sampler": {"type": "random", "seed": 3},
-        "pruner": {"type": "none"},
-        "limits": {"max_trials": 5, "parallel_trials": 2},
-    }
-    path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump(sweep))
+    path = write_sweep(tmp_path, "restart-sweep", 5, 3, {"every_steps": 30, "keep_last": 1},
+                       max_steps=60, eval_every=20, log_every=20)
     client = platform.spawn("sweep", str(path), "--json", log=tmp_path / "sweep.log")
     wait_until(lambda: _trials(platform, "restart-sweep").get("SUCCESS", 0) >= 1, 300, "a first finished trial")
     daemon = json.loads((platform.home / "server" / "server.json").read_text())["processes"]["daemon"]["pid"]

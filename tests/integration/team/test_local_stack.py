@@ -14,12 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.fixtures.platform import ROOT, last_json, server_logs
+from tests.fixtures.platform import last_json, server_logs
 from tests.fixtures.team_stack import Stack, running_stack
 from tests.fixtures.worker import wait_until
-from tests.integration.server.runs import detach, step_reached, write_spec
+from tests.integration.server.runs import detach, step_reached, write_spec, write_sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -40,19 +39,7 @@ def trained(stack: Stack) -> dict:
 @pytest.fixture(scope="module")
 def swept(stack: Stack, tmp_path_factory) -> dict:
     """A two-trial sweep of short digits runs, through the stack's platform server."""
-    base = yaml.safe_load((ROOT / "examples" / "digits.yaml").read_text()) | {"name": "stack-sweep-digits"}
-    base["training"].update(max_steps=20, eval_every=10, log_every=10)
-    base["resources"]["procs_per_node"] = 1
-    sweep = {
-        "name": "stack-sweep",
-        "base": base,
-        "search_space": {"training.learning_rate": {"type": "float", "low": 0.001, "high": 0.1, "log": True}},
-        "sampler": {"type": "random", "seed": 5},
-        "pruner": {"type": "none"},
-        "limits": {"max_trials": 2, "parallel_trials": 2},
-    }
-    path = tmp_path_factory.mktemp("sweep") / "sweep.yaml"
-    path.write_text(yaml.safe_dump(sweep))
+    path = write_sweep(tmp_path_factory.mktemp("sweep"), "stack-sweep", 2, 5, max_steps=20, eval_every=10, log_every=10)
     proc = stack.tp("sweep", str(path), "--json")
     assert proc.returncode == 0, proc.stderr[-4000:] + server_logs(stack.dir / "home")
     return last_json(proc)
