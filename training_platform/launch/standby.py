@@ -18,8 +18,8 @@ no attempt comes within IDLE_SECONDS of a preemption, or when the launcher cance
 Every run's first attempt can start warm too, from the shared standby (SharedStandby): one per platform
 home, code and import environment, started by the local launcher for the runs of a `tp server` and
 leaving with that server. It loads at idle CPU priority, so the run that started it does not wait for
-it, and from then on each run's agent and ranks are its forks: a run's first step comes about 2.5 s
-sooner, and 4-5 s of CPU time that every run spent importing torch is saved.
+it, and from then on each run's agent and ranks are its forks: from a job's submission to its main
+rank's start, 0.61 s instead of 4.67 s on two cores (benchmarks/warm_start.py).
 
 This module is imported by the requesters, which start as bare interpreters: it imports nothing
 heavy at module level.
@@ -43,6 +43,7 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
+from training_platform.launch.job_env import PREFIXES
 from training_platform.runlog import RunEvents
 
 # Set (by LocalLauncher, for spot runs) in a job's environment: its agent looks for a standby.
@@ -108,8 +109,6 @@ def _address(*parts: str) -> str:
 
 def import_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The part of ENVIRON that the shared standby is started with: nothing of any one job's (no credentials)."""
-    from training_platform.launch.job_env import PREFIXES
-
     return {key: value for key, value in environ.items() if key in _IMPORT_NAMES or key.startswith(PREFIXES)}
 
 
@@ -260,6 +259,7 @@ class Standby:
     def __init__(self, run_dir: Path, listener: socket.socket):
         self.run_dir = run_dir
         self.listener = listener
+        self.name = listener.getsockname()[1:].decode()  # bound already: its abstract name, without the leading NUL
         self.started_in = os.getcwd()
         # pid -> (the requester's connection, None once it is gone; "agent" or "worker")
         self.children: dict[int, tuple[socket.socket | None, str]] = {}
@@ -438,7 +438,6 @@ class Standby:
         """In the forked child: become the requester's process, run its role, never return."""
         status = 1
         try:
-            name = self.listener.getsockname()  # an abstract name: bytes, starting with a NUL
             os.setpgid(0, 0)  # its own group: the standby can stop it with everything it starts
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # a standby that dies stops its agents as a preemption
@@ -460,7 +459,7 @@ class Standby:
             os.chdir(request["cwd"])
             os.environ.clear()
             os.environ.update(request["env"])
-            os.environ[ADDRESS_ENV] = name[1:].decode()
+            os.environ[ADDRESS_ENV] = self.name
             if sys.path and sys.path[0] == self.started_in:  # `python -m`'s entry, as the requester's has it
                 sys.path[0] = request["cwd"]
             sys.argv = [request["role"], *request["argv"]]

@@ -93,11 +93,13 @@ class SweepSpec(_Strict):
     @field_validator("storage")
     @classmethod
     def _no_password(cls, url: str | None) -> str | None:
+        if not url:
+            return url
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError
 
         try:
-            password = make_url(url).password if url else None
+            password = make_url(url).password
         except ArgumentError as exc:
             raise ValueError(f"not a database URL ({exc}); e.g. postgresql+psycopg2://user@host/optuna") from None
         if password is not None:

@@ -253,9 +253,7 @@ def test_tracking_server_and_s3_down_30_s_while_a_run_trains_and_checkpoints(sta
     down_until = step_reached(platform, run_id)
     assert down_until < 25000, "the run ended during the outage; give it more steps"
     again = stack.script("up")
-    assert again.returncode == 0, again.stderr[-3000:] + "".join(
-        f"\n--- {log.name}\n{log.read_text(errors='replace')[-3000:]}" for log in (stack.dir / "log").glob("*.log")
-    )
+    assert again.returncode == 0, again.stderr[-3000:] + stack.logs()
 
     row = _ended(stack, run_id)
     assert row["state"] == "SUCCEEDED", row
