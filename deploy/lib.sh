@@ -2,7 +2,7 @@
 # deploy/team/local-stack.sh). Source it after setting LOG_NAME (the prefix of every log line) and
 # WAIT_SECONDS (how long wait_for polls); STOP_SECONDS (default 20) bounds a TERM before KILL.
 
-log() { echo "$LOG_NAME: $*" >&2; }
+log() { echo "$LOG_NAME: $(date +%T) $*" >&2; }
 die() { log "$*"; exit 1; }
 
 alive() {  # alive PIDFILE: the pid file names a running process

@@ -36,6 +36,7 @@ import psutil
 
 from training_platform.errors import PlatformError
 from training_platform.paths import SOURCE_CHECKOUT, PlatformHome
+from training_platform.ports import free_listening_port
 from training_platform.shipped import INSTANCE_CONFIG
 from training_platform.submission import LOCATION
 
@@ -157,7 +158,7 @@ class LocalServer:
             state = self.state()
             alive = state.alive() if state else dict.fromkeys(COMPONENTS, False)
             if state is None or not any(alive.values()):
-                state = ServerState(port or _default_port(), _free_port())
+                state = ServerState(port or _default_port(), free_listening_port())
                 _check_port_free(state.port)
                 self._write_instance_config(say)
                 self._write_workspace(state.grpc_port)
@@ -365,12 +366,6 @@ def _check_port_free(port: int) -> None:
                 f"port {port} is taken (another program, or the server of another platform home); "
                 f"start on another one: `tp server start --port N` or {PORT_ENV}=N"
             ) from None
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _port_open(port: int) -> bool:

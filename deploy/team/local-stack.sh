@@ -15,7 +15,7 @@
 set -euo pipefail
 
 DIR="${TP_STACK_DIR:-/tmp/tp-stack}"
-PG_PORT="${TP_STACK_PG_PORT:-55432}"
+PG_PORT="${TP_STACK_PG_PORT:-15432}"
 S3_PORT="${TP_STACK_S3_PORT:-18333}"
 MLFLOW_PORT="${TP_STACK_MLFLOW_PORT:-15000}"
 SERVER_PORT="${TP_STACK_SERVER_PORT:-13000}"
@@ -124,14 +124,24 @@ EOF
     chmod 600 "$DIR/s3.json"
     if ! alive "$DIR/run/weed.pid"; then
         # Ports: S3, then master/volume/filer beside it (each also serves gRPC on its port + 10000).
+        # No pre-stop wait: it lets a load balancer drain a volume server, and one machine has none; the
+        # filer's own 15 s then is all a TERM waits for (`down` kills weed after 20 s).
         setsid weed server -dir="$DIR/s3" -ip=127.0.0.1 -ip.bind=127.0.0.1 -s3 -s3.port="$S3_PORT" \
             -s3.config="$DIR/s3.json" -master.port=$((S3_PORT + 1)) -volume.port=$((S3_PORT + 2)) \
             -filer.port=$((S3_PORT + 3)) -master.volumeSizeLimitMB=1024 -volume.max=1000 \
-            -master.electionTimeout=1s -s3.port.iceberg=0 -s3.port.lance=0 >>"$DIR/log/weed.log" 2>&1 &
+            -master.electionTimeout=1s -s3.port.iceberg=0 -s3.port.lance=0 -volume.preStopSeconds=0 \
+            >>"$DIR/log/weed.log" 2>&1 &
         echo $! >"$DIR/run/weed.pid"
     fi
     wait_for "S3 on 127.0.0.1:$S3_PORT (bucket $BUCKET)" s3_bucket_ready \
-        || die "SeaweedFS S3 did not take a write on port $S3_PORT; see $DIR/log/weed.log"
+        || die "SeaweedFS S3 did not take a write on port $S3_PORT$(weed_exit_reason); see $DIR/log/weed.log"
+}
+
+weed_exit_reason() {  # weed logs why it gave up on a line of its own ("F1126 ... bind: address already in use")
+    alive "$DIR/run/weed.pid" && return
+    local fatal
+    fatal="$(grep -E '^F[0-9]{4} ' "$DIR/log/weed.log" | tail -n1 | cut -d' ' -f4-)"
+    echo " (weed exited${fatal:+: $fatal})"
 }
 
 s3_bucket_ready() {  # the bucket exists and takes a write (listing answers before the volume server is up)
@@ -184,11 +194,25 @@ start_platform() {
     (eval "$(print_env)" && tp server start >&2) || die "the platform server did not start; see $DIR/home/server/"
 }
 
+# A port in the kernel's range for outgoing connections may be taken by a client while its server is down,
+# and the server's restart then fails ("address already in use"): the tests saw it with weed.
+warn_ephemeral_ports() {
+    local low high port
+    read -r low high 2>/dev/null </proc/sys/net/ipv4/ip_local_port_range || return 0
+    for port in "$PG_PORT" "$S3_PORT" $((S3_PORT + 1)) $((S3_PORT + 2)) $((S3_PORT + 3)) $((S3_PORT + 10001)) \
+        $((S3_PORT + 10002)) $((S3_PORT + 10003)) "$MLFLOW_PORT" "$SERVER_PORT"; do
+        if ((port >= low && port <= high)); then
+            log "warning: port $port is in the ephemeral range ($low-$high); a restart may find it taken: use ports below $low"
+        fi
+    done
+}
+
 up() {
     mkdir -p "$DIR/log" "$DIR/run"
     install_packages
     write_settings
     load_settings
+    warn_ephemeral_ports
     start_postgres
     start_s3
     start_mlflow
