@@ -89,7 +89,7 @@ def dataset_snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig, 
         "bytes": summary["bytes"],
         # Read by the snapshot resolver: a snapshot that failed its suite never feeds training.
         "expectations_passed": report.success,
-        "manifest": dg.MetadataValue.path(str(root / f"{manifest.snapshot_id}.json")),
+        "manifest": dg.MetadataValue.path(f"{root}/{manifest.snapshot_id}.json"),
         "schema": dg.MetadataValue.table_schema(
             dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in manifest.schema.items()])
         ),

@@ -41,7 +41,9 @@ def find_checkpoint(store_uri: str | Path, run_id: str, step: int, manifest_sha2
     )
 
 
-def load_model(spec: TrainSpec, snapshot_root: Path, store_uri: str | Path, manifest: CheckpointManifest) -> nn.Module:
+def load_model(
+    spec: TrainSpec, snapshot_root: Path | str, store_uri: str | Path, manifest: CheckpointManifest
+) -> nn.Module:
     """The template's model with the checkpoint's full weights (from any strategy's checkpoint format)."""
     snapshot = load_manifest(snapshot_root, spec.dataset.snapshot_id)
     model = get_template(spec.model.template).build_model(spec, snapshot.num_features, snapshot.num_classes)
@@ -50,7 +52,7 @@ def load_model(spec: TrainSpec, snapshot_root: Path, store_uri: str | Path, mani
 
 
 def evaluate_checkpoint(
-    spec: TrainSpec, snapshot_root: Path, store_uri: str | Path, manifest: CheckpointManifest
+    spec: TrainSpec, snapshot_root: Path | str, store_uri: str | Path, manifest: CheckpointManifest
 ) -> tuple[Evaluation, nn.Module]:
     model = load_model(spec, snapshot_root, store_uri, manifest)
     template = get_template(spec.model.template)
@@ -71,7 +73,7 @@ def evaluate_checkpoint(
     return evaluation, model
 
 
-def input_example(spec: TrainSpec, snapshot_root: Path) -> np.ndarray:
+def input_example(spec: TrainSpec, snapshot_root: Path | str) -> np.ndarray:
     """One test row as the model takes it: token ids for language models, features otherwise."""
     template = get_template(spec.model.template)
     snapshot = load_manifest(snapshot_root, spec.dataset.snapshot_id)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from training_platform.identifiers import check_run_id, contained
 
+SNAPSHOT_STORE_ENV = "TP_SNAPSHOT_STORE_URI"
 _PARENT = Path(__file__).resolve().parent.parent
 SOURCE_CHECKOUT: Path | None = _PARENT if (_PARENT / "pyproject.toml").is_file() else None
 """The source tree this package runs from (an editable install); None when installed from a wheel.
@@ -28,8 +29,13 @@ class PlatformHome:
         return cls(Path(os.environ.get("TP_HOME", Path.cwd() / ".data")).resolve())
 
     @property
-    def snapshots(self) -> Path:
-        return self.root / "snapshots"
+    def snapshots(self) -> Path | str:
+        """Dataset snapshots: ``$TP_SNAPSHOT_STORE_URI`` (``s3://bucket/prefix``, where other machines read
+        them too) when set, else a directory of the home."""
+        store = os.environ.get(SNAPSHOT_STORE_ENV)
+        if not store:
+            return self.root / "snapshots"
+        return store if "://" in store else Path(store)
 
     @property
     def checkpoints(self) -> Path:
@@ -57,5 +63,6 @@ class PlatformHome:
 
     def ensure(self) -> PlatformHome:
         for path in (self.snapshots, self.checkpoints, self.runs, self.dagster_home, self.mlflow_artifacts):
-            path.mkdir(parents=True, exist_ok=True)
+            if isinstance(path, Path):
+                path.mkdir(parents=True, exist_ok=True)
         return self

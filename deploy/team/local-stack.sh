@@ -11,7 +11,8 @@
 # on its own port: the machine's clusters are not touched; its socket in pg-socket/), s3/, home/ (the platform home), run/ (pid
 # files), log/, and stack.env (the settings and generated credentials, mode 600). The databases: dagster
 # (run, event-log and schedule storage), mlflow (the tracking server's store), optuna (sweeps). Buckets:
-# $TP_STACK_BUCKET (checkpoints under checkpoints/, MLflow artifacts under mlflow/).
+# $TP_STACK_BUCKET (checkpoints under checkpoints/, dataset snapshots under snapshots/, MLflow artifacts
+# under mlflow/).
 set -euo pipefail
 
 DIR="${TP_STACK_DIR:-/tmp/tp-stack}"
@@ -182,6 +183,7 @@ export TP_DAGSTER_DATABASE_URL=$DB/dagster
 export TP_SWEEP_STORAGE=$DB/optuna
 export MLFLOW_TRACKING_URI=http://127.0.0.1:$MLFLOW_PORT
 export TP_CHECKPOINT_STORE_URI=s3://$BUCKET/checkpoints
+export TP_SNAPSHOT_STORE_URI=s3://$BUCKET/snapshots
 export TP_S3_ENDPOINT_URL=http://127.0.0.1:$S3_PORT
 export AWS_ACCESS_KEY_ID=$S3_ACCESS_KEY
 export AWS_SECRET_ACCESS_KEY=$S3_SECRET_KEY

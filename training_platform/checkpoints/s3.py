@@ -179,7 +179,8 @@ class S3Storage:
         return [info.key for info in self.list_info(prefix)]
 
     def list_info(self, prefix: str) -> list[ObjectInfo]:
-        base = self._key(prefix.rstrip("/")) + "/"
+        """Every object under `prefix` (under the whole store for "")."""
+        base = self._key(prefix.rstrip("/")) + "/" if prefix else (f"{self.prefix}/" if self.prefix else "")
         strip = len(self.prefix) + 1 if self.prefix else 0
         infos = []
         try:

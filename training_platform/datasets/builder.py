@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -12,7 +11,7 @@ import pyarrow.parquet as pq
 
 from training_platform.datasets.manifest import LABEL, ROW_ID, SPLITS, ShardRef, SnapshotManifest
 from training_platform.datasets.sources import RawSource, load_source
-from training_platform.datasets.store import write_manifest, write_shard
+from training_platform.datasets.store import SnapshotRoot, write_manifest, write_shard
 from training_platform.errors import SnapshotError
 
 SPLIT_SEED = 20240101
@@ -22,7 +21,7 @@ MAX_SHARD_ROWS = 1024
 ROW_GROUP_ROWS = 256
 
 
-def build_snapshot(source: str, root: Path, *, seed: int = SPLIT_SEED) -> SnapshotManifest:
+def build_snapshot(source: str, root: SnapshotRoot, *, seed: int = SPLIT_SEED) -> SnapshotManifest:
     """Build (or find) the snapshot of a registered source under root; same source, same id."""
     raw = load_source(source)
     return write_snapshot(root, raw, assign_splits(raw.labels, seed=seed), seed=seed)
@@ -50,7 +49,7 @@ def _shuffle_key(seed: int, row: int) -> int:
 
 
 def write_snapshot(
-    root: Path, raw: RawSource, split_rows: dict[str, np.ndarray], *, seed: int = SPLIT_SEED
+    root: SnapshotRoot, raw: RawSource, split_rows: dict[str, np.ndarray], *, seed: int = SPLIT_SEED
 ) -> SnapshotManifest:
     """Write `raw` split as given; row ids are the rows' positions in the source."""
     tables = {split: source_table(raw, rows) for split, rows in split_rows.items()}
@@ -76,7 +75,7 @@ def source_table(raw: RawSource, rows: np.ndarray) -> pa.Table:
 
 
 def write_tables(
-    root: Path,
+    root: SnapshotRoot,
     tables: dict[str, pa.Table],
     *,
     source: str,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from training_platform.datasets.manifest import ShardRef
-from training_platform.datasets.store import file_sha256, read_shard_bytes
+from training_platform.datasets.store import SnapshotRoot, file_sha256, read_shard_bytes
 from training_platform.errors import SnapshotError
 
 CACHE_ENV = "TP_SHARD_CACHE"
@@ -50,7 +50,7 @@ class ShardCache:
     def entry(self, ref: ShardRef) -> Path:
         return self.root / ref.sha256[:2] / f"{ref.sha256}.parquet"
 
-    def path(self, snapshot_root: Path, snapshot_id: str, ref: ShardRef) -> Path:
+    def path(self, snapshot_root: SnapshotRoot, snapshot_id: str, ref: ShardRef) -> Path:
         if not self._private:
             ensure_private_dir(self.root)
             self._private = True

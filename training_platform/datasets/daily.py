@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from training_platform.datasets.builder import SPLIT_SEED, assign_splits, build_snapshot, encode_parquet, write_snapshot
 from training_platform.datasets.manifest import LABEL, SnapshotManifest
 from training_platform.datasets.sources import RawSource, load_source
-from training_platform.datasets.store import file_sha256
+from training_platform.datasets.store import SnapshotRoot, file_sha256
 from training_platform.errors import SnapshotError
 
 LANDING_DIR = "landing"
@@ -164,7 +164,7 @@ def read_drop(drop: Drop, source: DatedSource) -> tuple[np.ndarray, np.ndarray]:
 
 
 def build_dated_snapshot(
-    source: str, root: Path, landing: Path, as_of: date, *, seed: int = SPLIT_SEED
+    source: str, root: SnapshotRoot, landing: Path, as_of: date, *, seed: int = SPLIT_SEED
 ) -> DatedSnapshot:
     """Build (or find) the snapshot of `source` as of `as_of`: every drop dated on or before that day."""
     spec = dated_source(source)
@@ -196,7 +196,7 @@ def build_dated_snapshot(
     return DatedSnapshot(manifest=manifest, as_of=as_of, drops=tuple(drops))
 
 
-def build_snapshot_as_of(source: str, root: Path, *, as_of: date, landing: Path) -> DatedSnapshot:
+def build_snapshot_as_of(source: str, root: SnapshotRoot, *, as_of: date, landing: Path) -> DatedSnapshot:
     """The snapshot of any registered source as of a day; an un-dated source is the same every day."""
     if is_dated_source(source):
         return build_dated_snapshot(source, root, landing, as_of)

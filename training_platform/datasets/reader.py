@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training_platform.datasets.manifest import LABEL, SnapshotManifest
-from training_platform.datasets.store import load_manifest, read_shard_bytes
+from training_platform.datasets.store import SnapshotRoot, load_manifest, read_shard_bytes
 from training_platform.errors import SnapshotError
 
 
-def read_split(root: Path, snapshot_id: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+def read_split(root: SnapshotRoot, snapshot_id: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     """Features (float32, scaled to [0, 1]) and labels (int64) of one split, in row_id order."""
     manifest = load_manifest(root, snapshot_id)
     table = read_split_table(root, manifest, split)
@@ -30,7 +28,7 @@ def read_split(root: Path, snapshot_id: str, split: str) -> tuple[np.ndarray, np
     return features, labels
 
 
-def read_split_table(root: Path, manifest: SnapshotManifest, split: str) -> pa.Table:
+def read_split_table(root: SnapshotRoot, manifest: SnapshotManifest, split: str) -> pa.Table:
     """One split as an Arrow table with the manifest's columns, shards verified and concatenated."""
     if split not in manifest.splits:
         raise SnapshotError(
@@ -45,7 +43,7 @@ def read_split_table(root: Path, manifest: SnapshotManifest, split: str) -> pa.T
         found = {field.name: str(field.type) for field in table.schema}
         if found != manifest.schema:
             raise SnapshotError(
-                f"shard {Path(root) / ref.path} of snapshot {manifest.snapshot_id} has columns that differ "
+                f"shard {root}/{ref.path} of snapshot {manifest.snapshot_id} has columns that differ "
                 f"from its manifest's schema; rebuild the snapshot"
             )
         tables.append(table)

@@ -21,7 +21,6 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -30,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from training_platform.datasets.cache import ShardCache
 from training_platform.datasets.manifest import LABEL, SnapshotManifest
+from training_platform.datasets.store import SnapshotRoot
 from training_platform.errors import SnapshotError
 
 DECODED_SHARD_BYTES = 256 << 20
@@ -113,7 +113,7 @@ class StepBatches(Dataset):
 
     def __init__(
         self,
-        snapshot_root: Path,
+        snapshot_root: SnapshotRoot,
         manifest: SnapshotManifest,
         split: str,
         plan: StreamPlan,
@@ -122,7 +122,7 @@ class StepBatches(Dataset):
         cache: ShardCache | None = None,
         keep_bytes: int = DECODED_SHARD_BYTES,
     ):
-        self.snapshot_root = Path(snapshot_root)
+        self.snapshot_root = snapshot_root
         self.manifest = manifest
         self.refs = manifest.splits[split]
         self.plan = plan

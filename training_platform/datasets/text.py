@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from training_platform.datasets.store import SnapshotRoot, get_object, put_object
 from training_platform.errors import SnapshotError
 
 SOURCE = "python_stdlib_text"
@@ -89,30 +90,26 @@ def token_windows(text: str, tokenizer: CharTokenizer, window: int = WINDOW) -> 
     return windows, following
 
 
-def tokenizer_path(snapshot_root: Path, source_sha256: str) -> Path:
-    return Path(snapshot_root) / TOKENIZER_DIR / f"{source_sha256}.json"
+def tokenizer_key(source_sha256: str) -> str:
+    return f"{TOKENIZER_DIR}/{source_sha256}.json"
 
 
-def write_tokenizer(snapshot_root: Path, source_sha256: str, tokenizer: CharTokenizer) -> Path:
-    path = tokenizer_path(snapshot_root, source_sha256)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(tokenizer.to_json())
-    os.replace(tmp, path)
-    return path
+def write_tokenizer(snapshot_root: SnapshotRoot, source_sha256: str, tokenizer: CharTokenizer) -> None:
+    put_object(snapshot_root, tokenizer_key(source_sha256), tokenizer.to_json().encode())
 
 
-def load_tokenizer(snapshot_root: Path, manifest) -> CharTokenizer:
+def load_tokenizer(snapshot_root: SnapshotRoot, manifest) -> CharTokenizer:
     """The tokenizer stored with a text snapshot, checked against the snapshot's vocabulary size."""
-    path = tokenizer_path(snapshot_root, manifest.source_sha256)
-    if not path.is_file():
+    where = f"{snapshot_root}/{tokenizer_key(manifest.source_sha256)}"
+    data = get_object(snapshot_root, tokenizer_key(manifest.source_sha256))
+    if data is None:
         raise SnapshotError(
-            f"snapshot {manifest.snapshot_id} has no tokenizer at {path}; build text snapshots with "
+            f"snapshot {manifest.snapshot_id} has no tokenizer at {where}; build text snapshots with "
             "training_platform.datasets.text.build_text_snapshot"
         )
-    tokenizer = CharTokenizer.from_json(path.read_text())
+    tokenizer = CharTokenizer.from_json(data.decode())
     if tokenizer.vocab_size != manifest.num_classes:
-        raise SnapshotError(f"tokenizer {path} has {tokenizer.vocab_size} tokens, snapshot {manifest.num_classes}")
+        raise SnapshotError(f"tokenizer {where} has {tokenizer.vocab_size} tokens, snapshot {manifest.num_classes}")
     return tokenizer
 
 
@@ -120,10 +117,10 @@ def corpus_tokenizer() -> CharTokenizer:
     return CharTokenizer.learn(stdlib_corpus())
 
 
-def build_text_snapshot(snapshot_root: Path):
+def build_text_snapshot(snapshot_root: SnapshotRoot):
     """Build the stdlib text snapshot and store its tokenizer beside it; returns the manifest."""
     from training_platform.datasets.builder import build_snapshot
 
-    manifest = build_snapshot(SOURCE, Path(snapshot_root))
+    manifest = build_snapshot(SOURCE, snapshot_root)
     write_tokenizer(snapshot_root, manifest.source_sha256, corpus_tokenizer())
     return manifest

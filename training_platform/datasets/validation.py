@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from training_platform.datasets.manifest import LABEL, ROW_ID, SnapshotManifest
 from training_platform.datasets.reader import read_split_table
-from training_platform.datasets.store import load_manifest
+from training_platform.datasets.store import SnapshotRoot, load_manifest
 from training_platform.errors import SnapshotError
 
 if TYPE_CHECKING:
@@ -84,7 +83,7 @@ class ValidationReport:
         return asdict(self)
 
 
-def validate_snapshot(root: Path, snapshot_id: str) -> ValidationReport:
+def validate_snapshot(root: SnapshotRoot, snapshot_id: str) -> ValidationReport:
     """Run the snapshot suite; a snapshot whose shards do not verify fails without reaching GX."""
     manifest = load_manifest(root, snapshot_id)
     try:
@@ -117,7 +116,7 @@ def validate_snapshot(root: Path, snapshot_id: str) -> ValidationReport:
     return ValidationReport(snapshot_id, all(result.success for result in results), results)
 
 
-def rows_frame(root: Path, manifest: SnapshotManifest) -> pd.DataFrame:
+def rows_frame(root: SnapshotRoot, manifest: SnapshotManifest) -> pd.DataFrame:
     """Every split's rows in one frame, with the split's name in a `split` column."""
     import pandas as pd  # lazy, like GX: readers of snapshots never need pandas
 

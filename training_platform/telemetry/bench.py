@@ -129,15 +129,15 @@ def allreduce_busbw(world: int = 2, nbytes: int = 32 * 2**20, iters: int = 5) ->
     )
 
 
-def data_read(snapshot_root: Path, snapshot_id: str | None, min_mb_per_s: float = 100.0) -> BenchResult:
+def data_read(snapshot_root: Path | str, snapshot_id: str | None, min_mb_per_s: float = 100.0) -> BenchResult:
     """Read every split of a snapshot (cold-ish: first read) and report MB/s of decoded arrays."""
-    from training_platform.datasets import read_split
+    from training_platform.datasets import list_snapshots, read_split
 
     if snapshot_id is None:
-        manifests = sorted(snapshot_root.glob("*.json"), key=lambda p: p.stat().st_mtime)
+        manifests = list_snapshots(snapshot_root)
         if not manifests:
             return BenchResult("data_read", None, "MB/s", False, f"no snapshot in {snapshot_root}; run `tp demo` first")
-        snapshot_id = manifests[-1].stem
+        snapshot_id = manifests[-1].snapshot_id
     started, total = time.perf_counter(), 0
     for split in ("train", "validation", "test"):
         features, labels = read_split(snapshot_root, snapshot_id, split)
@@ -187,7 +187,7 @@ def gpu_topology() -> BenchResult:
         pynvml.nvmlShutdown()
 
 
-def run_bench(spec: TrainSpec, store_uri: str, snapshot_root: Path) -> list[BenchResult]:
+def run_bench(spec: TrainSpec, store_uri: str, snapshot_root: Path | str) -> list[BenchResult]:
     results = [checkpoint_write(store_uri, full_checkpoint_bytes(spec))]
     results.append(allreduce_busbw())
     results.append(data_read(snapshot_root, spec.dataset.snapshot_id))

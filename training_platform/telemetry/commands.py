@@ -69,7 +69,7 @@ def serve_metrics(
         server.shutdown()
 
 
-def bench(spec: TrainSpec, store_uri: str, snapshot_root: Path, console: Console) -> list[BenchResult]:
+def bench(spec: TrainSpec, store_uri: str, snapshot_root: Path | str, console: Console) -> list[BenchResult]:
     from training_platform.telemetry.bench import run_bench  # torch: only `tp doctor --bench` needs it
 
     console.print("benchmarking: checkpoint write, all-reduce, data read, GPU topology ...", highlight=False)

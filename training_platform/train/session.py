@@ -133,7 +133,7 @@ class TrainingSession:
         return open_store(self.spec.checkpoint.store_uri or self.home.checkpoints)
 
     @property
-    def snapshot_root(self) -> Path:
+    def snapshot_root(self) -> Path | str:
         return self.home.snapshots
 
     # ----- progress -----------------------------------------------------------------------

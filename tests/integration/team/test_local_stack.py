@@ -94,6 +94,11 @@ def test_the_pipeline_runs_on_the_stack_database_tracking_server_and_bucket(stac
     assert any(k.endswith("plots/loss_curve.png") for k in mlflow_keys), mlflow_keys
     assert not any((stack.dir / "home" / "checkpoints").iterdir())
     assert not any((stack.dir / "home" / "mlartifacts").iterdir())
+    # So is the dataset snapshot the run trained on, which a job on another machine reads from there.
+    snapshots = settings["TP_SNAPSHOT_STORE_URI"].removeprefix(f"s3://{bucket}/")
+    assert f"{snapshots}/{trained['snapshot_id']}.json" in keys, [k for k in keys if k.startswith(snapshots)]
+    assert any(k.startswith(f"{snapshots}/shards/") for k in keys)
+    assert not (stack.dir / "home" / "snapshots").exists()
 
     # The tracking server holds the run and the registered version.
     client = MlflowClient(settings["MLFLOW_TRACKING_URI"])
