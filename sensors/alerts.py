@@ -17,7 +17,7 @@ import dagster as dg
 
 from resources.alerts import AlertsResource
 from resources.platform import PlatformResource
-from training_platform.cost.accounting import CostLedger
+from training_platform.cost.accounting import open_ledger
 from training_platform.paths import PlatformHome
 from training_platform.runs import SUBMITTED_SPEC
 from training_platform.submission import PARTITION_TAG
@@ -61,7 +61,7 @@ def team_spend(home: PlatformHome, now: float, hours: int) -> list[tuple[str, fl
     since = datetime.fromtimestamp(now - (hours + 1) * 3600, tz=UTC)
     return [
         (r["team"], datetime.fromisoformat(r["at"]).timestamp(), float(r["total_usd"]))
-        for r in CostLedger(home.root / "cost").records(since=since)
+        for r in open_ledger(home.root).records(since=since)
     ]
 
 

@@ -17,7 +17,7 @@ import dagster as dg
 from assets.jobs import run_asset_keys, training_pipeline
 from resources.launcher import LauncherResource
 from resources.platform import PlatformResource
-from training_platform.cost.accounting import CostLedger
+from training_platform.cost.accounting import open_ledger
 from training_platform.cost.attempts import attempt_spans
 from training_platform.cost.charges import attempt_key, settle_spans
 from training_platform.errors import PlatformError
@@ -75,7 +75,7 @@ def observation(run_id: str, backend: str, interruption) -> dg.AssetObservation:
 def preemption_sensor(context: dg.SensorEvaluationContext, platform: PlatformResource, launcher: LauncherResource):
     home = platform.paths()
     reported: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
-    charged = CostLedger(home.root / "cost").keys()
+    charged = open_ledger(home.root).keys()
     for run_dir in sorted(p for p in home.runs.iterdir() if p.is_dir()) if home.runs.is_dir() else []:
         run_id = run_dir.name
         events = RunEvents(run_dir).read()

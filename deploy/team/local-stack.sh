@@ -10,7 +10,8 @@
 # Everything lives under $TP_STACK_DIR (default /tmp/tp-stack): pg/ (a PostgreSQL cluster of its own,
 # on its own port: the machine's clusters are not touched; its socket in pg-socket/), s3/, home/ (the platform home), run/ (pid
 # files), log/, and stack.env (the settings and generated credentials, mode 600). The databases: dagster
-# (run, event-log and schedule storage), mlflow (the tracking server's store), optuna (sweeps). Buckets:
+# (run, event-log and schedule storage), mlflow (the tracking server's store), optuna (sweeps), platform
+# (the platform's own tables: the cost ledger). Buckets:
 # $TP_STACK_BUCKET (checkpoints under checkpoints/, dataset snapshots under snapshots/, MLflow artifacts
 # under mlflow/).
 set -euo pipefail
@@ -107,12 +108,12 @@ start_postgres() {
         as_pg "${psql[@]}" -c "create user tp password '$PG_PASSWORD'"
     fi
     local db
-    for db in dagster mlflow optuna; do
+    for db in dagster mlflow optuna platform; do
         if [[ -z "$(as_pg "${psql[@]}" -tAc "select 1 from pg_database where datname = '$db'")" ]]; then
             as_pg "${psql[@]}" -c "create database $db owner tp"
         fi
     done
-    log "PostgreSQL on 127.0.0.1:$PG_PORT (databases dagster, mlflow, optuna)"
+    log "PostgreSQL on 127.0.0.1:$PG_PORT (databases dagster, mlflow, optuna, platform)"
 }
 
 start_s3() {
@@ -181,6 +182,7 @@ export TP_HOME=$DIR/home
 export TP_SERVER_PORT=$SERVER_PORT
 export TP_DAGSTER_DATABASE_URL=$DB/dagster
 export TP_SWEEP_STORAGE=$DB/optuna
+export TP_DATABASE_URL=$DB/platform
 export MLFLOW_TRACKING_URI=http://127.0.0.1:$MLFLOW_PORT
 export TP_CHECKPOINT_STORE_URI=s3://$BUCKET/checkpoints
 export TP_SNAPSHOT_STORE_URI=s3://$BUCKET/snapshots

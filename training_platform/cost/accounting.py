@@ -1,14 +1,15 @@
 """What a run cost: compute by capacity type, checkpoint storage, data transfer, and work lost to preemptions.
 
-The cost ledger (``$TP_HOME/cost/ledger.jsonl``) holds one row per attempt of every run (charges.py:
-wall time x price, whatever the attempt's outcome) and one per finished run's checkpoint storage;
-totals per team, sweep, run and day, and team budgets, are sums over it.
+The cost ledger (``$TP_HOME/cost/ledger.jsonl``, or a table of the platform's database: open_ledger) holds
+one row per attempt of every run (charges.py: wall time x price, whatever the attempt's outcome) and one per
+finished run's checkpoint storage; totals per team, sweep, run and day, and team budgets, are sums over it.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -20,6 +21,7 @@ from training_platform.spec import TrainSpec
 
 GB = 1024**3
 LEDGER = "ledger.jsonl"
+DATABASE_ENV = "TP_DATABASE_URL"
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,37 @@ def run_cost(
     )
 
 
-class CostLedger:
+class LedgerQueries:
+    """What every ledger answers from its rows: `records` and `record_once` are the ledger's own."""
+
+    def records(
+        self, team: str | None = None, since: datetime | None = None, sweep: str | None = None, run: str | None = None
+    ) -> list[dict]:
+        raise NotImplementedError
+
+    def record_once(self, rows: list[dict]) -> list[dict]:
+        raise NotImplementedError
+
+    def record(self, cost: RunCost) -> None:
+        self.record_once([{"key": f"{cost.run_id}#run", **asdict(cost)}])
+
+    def keys(self) -> set[str]:
+        return {row_key(row) for row in self.records()}
+
+    def spend(self, team: str, since: datetime) -> float:
+        return sum(r["total_usd"] for r in self.records(team=team, since=since))
+
+    def totals(self, key: str, since: datetime | None = None, team: str | None = None) -> dict[str, dict[str, float]]:
+        """Sums per team, sweep, run or day (UTC): runs, attempts, hours, compute, badput, storage, total, goodput."""
+        if key not in GROUPS:
+            raise CostError(f"cannot group spend by {key!r}; use one of: {', '.join(GROUPS)}")
+        rows: dict[str, list[dict]] = defaultdict(list)
+        for r in self.records(team=team, since=since):
+            rows[GROUPS[key](r) or "-"].append(r)
+        return {group: summed(members) for group, members in rows.items()}
+
+
+class CostLedger(LedgerQueries):
     """Append-only JSON lines, one per charge: each attempt of a run (its compute), each finished run's storage.
 
     A row's `key` names what it charges (`<run id>#<attempt>`, `<checkpoint key>#storage`); `record_once`
@@ -94,9 +126,6 @@ class CostLedger:
 
     def __init__(self, root: Path):
         self.path = Path(root) / LEDGER
-
-    def record(self, cost: RunCost) -> None:
-        self.record_once([{"key": f"{cost.run_id}#run", **asdict(cost)}])
 
     def record_once(self, rows: list[dict]) -> list[dict]:
         """Append the rows whose key is not in the ledger yet; returns those written."""
@@ -110,34 +139,34 @@ class CostLedger:
                 handle.write("".join(json.dumps(row) + "\n" for row in new))
         return new
 
-    def keys(self) -> set[str]:
-        return {row_key(row) for row in self.records()}
-
     def records(
         self, team: str | None = None, since: datetime | None = None, sweep: str | None = None, run: str | None = None
     ) -> list[dict]:
         if not self.path.is_file():
             return []
-        return [
-            r
-            for r in _parse(self.path.read_text())
-            if (team is None or r["team"] == team)
-            and (sweep is None or r.get("sweep") == sweep)
-            and (run is None or r["run_id"] == run)
-            and (since is None or datetime.fromisoformat(r["at"]) >= since)
-        ]
+        return [r for r in _parse(self.path.read_text()) if matches(r, team, since, sweep, run)]
 
-    def spend(self, team: str, since: datetime) -> float:
-        return sum(r["total_usd"] for r in self.records(team=team, since=since))
 
-    def totals(self, key: str, since: datetime | None = None, team: str | None = None) -> dict[str, dict[str, float]]:
-        """Sums per team, sweep, run or day (UTC): runs, attempts, hours, compute, badput, storage, total, goodput."""
-        if key not in GROUPS:
-            raise CostError(f"cannot group spend by {key!r}; use one of: {', '.join(GROUPS)}")
-        rows: dict[str, list[dict]] = defaultdict(list)
-        for r in self.records(team=team, since=since):
-            rows[GROUPS[key](r) or "-"].append(r)
-        return {group: summed(members) for group, members in rows.items()}
+def matches(
+    row: dict, team: str | None = None, since: datetime | None = None, sweep: str | None = None, run: str | None = None
+) -> bool:
+    return (
+        (team is None or row["team"] == team)
+        and (sweep is None or row.get("sweep") == sweep)
+        and (run is None or row["run_id"] == run)
+        and (since is None or datetime.fromisoformat(row["at"]) >= since)
+    )
+
+
+def open_ledger(home_root: Path) -> LedgerQueries:
+    """The deployment's ledger: in the platform's database when ``TP_DATABASE_URL`` names one (every machine
+    of a team's deployment sees the same charges), else ``cost/ledger.jsonl`` in the home."""
+    url = os.environ.get(DATABASE_ENV)
+    if url:
+        from training_platform.cost.ledger_db import DatabaseLedger  # SQLAlchemy only when asked for
+
+        return DatabaseLedger(url)
+    return CostLedger(Path(home_root) / "cost")
 
 
 GROUPS = {
@@ -183,5 +212,5 @@ def record_storage_cost(
         sweep=sweep,
     )
     row = {"key": f"{storage_key}#storage", "kind": "storage", **asdict(cost)}
-    CostLedger(Path(home_root) / "cost").record_once([row])
+    open_ledger(home_root).record_once([row])
     return row

@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from training_platform.cost.accounting import CostLedger, month_start
+from training_platform.cost.accounting import month_start, open_ledger
 from training_platform.cost.charges import spec_key, template_of, units
 from training_platform.cost.prices import CostError, PriceModel, load_price_model
 from training_platform.spec import TrainSpec
@@ -86,7 +86,7 @@ def estimate_run(
 
 def seconds_per_step(spec: TrainSpec, home_root: Path | None) -> tuple[float, str]:
     """Measured wall seconds per kept step of earlier attempts like this run's, and where the figure comes from."""
-    ledger = CostLedger(Path(home_root) / "cost") if home_root else None
+    ledger = open_ledger(Path(home_root)) if home_root else None
     rows = [r for r in ledger.records() if r.get("kind") == "attempt"] if ledger else []
     key, template = spec_key(spec), template_of(spec)
     gpu_type = spec.resources.gpu_type if spec.resources.gpus_per_node else None
@@ -118,7 +118,7 @@ def check_budget(
     since = month_start(now)
     declared, path = declared_team(team, home_root)
     budget = declared.monthly_usd
-    spent = CostLedger(Path(home_root) / "cost").spend(team, since) if budget is not None else 0.0
+    spent = open_ledger(Path(home_root)).spend(team, since) if budget is not None else 0.0
     decision = BudgetDecision(team, budget, spent, estimate_usd, since)
     if not decision.allowed:
         how = f": {basis}" if basis else ""

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from training_platform.cost.accounting import CostLedger, summed
+from training_platform.cost.accounting import open_ledger, summed
 from training_platform.cost.attempts import AttemptSpan, attempt_spans
 from training_platform.cost.prices import PriceModel, load_price_model
 from training_platform.cost.windows import window_cost
@@ -114,12 +114,12 @@ def settle_spans(
         return []
     model = model or load_price_model()
     rows = [charge(span, spec, run_id, sweep, model) for span in closed]
-    return CostLedger(Path(home_root) / "cost").record_once(rows)
+    return open_ledger(Path(home_root)).record_once(rows)
 
 
 def run_money(home_root: Path, run_id: str) -> dict[str, Any]:
     """What the run has cost so far, over all its charged attempts (and its storage once finished)."""
-    totals = summed(CostLedger(Path(home_root) / "cost").records(run=run_id))
+    totals = summed(open_ledger(Path(home_root)).records(run=run_id))
     return {
         "attempts": totals["attempts"],
         "cost_total_usd": totals["total_usd"],

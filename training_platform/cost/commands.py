@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from training_platform.cost.accounting import CostLedger, month_start
+from training_platform.cost.accounting import month_start, open_ledger
 from training_platform.cost.breakeven import OwnershipCase, breakeven
 from training_platform.cost.prices import CostError, load_price_model
 from training_platform.cost.windows import cost_window_for
@@ -91,7 +91,7 @@ def report_command(
     wall time x price, the badput (paid time that trained nothing kept) and lost work apart, and goodput."""
     try:
         start = parse_when(since, datetime.now(UTC)) if since else month_start()
-        totals = CostLedger(PlatformHome.from_env().root / "cost").totals(by, since=start, team=team)
+        totals = open_ledger(PlatformHome.from_env().root).totals(by, since=start, team=team)
     except CostError as exc:
         _fail(exc, as_json)
     if as_json:

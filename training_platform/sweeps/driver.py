@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from training_platform.cost.accounting import CostLedger, summed
+from training_platform.cost.accounting import open_ledger, summed
 from training_platform.paths import PlatformHome
 from training_platform.runs import SUBMITTED_SPEC, read_result, register_run
 from training_platform.spec import TrainSpec
@@ -219,7 +219,7 @@ class SweepDriver:
     def _tell(self, trial: FrozenTrial, run_id: str, state: RunState) -> TrialOutcome:
         outcome = TrialOutcome(trial.number, run_id, "FAIL", None, 0, dict(trial.params))
         # Every attempt of the trial, failed ones too, as the training asset charged them (cost/charges.py).
-        charged = summed(CostLedger(self.home.root / "cost").records(run=run_id))
+        charged = summed(open_ledger(self.home.root).records(run=run_id))
         outcome.accelerator_hours, outcome.cost_usd = charged["accelerator_hours"], charged["total_usd"]
         run = read_result(self.home, run_id) if state.state == TrialRun.FINISHED else None
         if run is None or run.get("status") not in ("SUCCEEDED", "PRUNED"):

@@ -100,6 +100,15 @@ def test_the_pipeline_runs_on_the_stack_database_tracking_server_and_bucket(stac
     assert any(k.startswith(f"{snapshots}/shards/") for k in keys)
     assert not (stack.dir / "home" / "snapshots").exists()
 
+    # Its charges are in the platform's database, where `tp cost` reads them; the home has no ledger.
+    platform_db = settings["TP_DATABASE_URL"].replace("postgresql+psycopg2://", "postgresql://")
+    with psycopg2.connect(platform_db) as connection, connection.cursor() as cursor:
+        cursor.execute("select key from tp_cost_ledger where run_id = %s", (trained["run_id"],))
+        assert f"{trained['run_id']}#1" in {row[0] for row in cursor.fetchall()}
+    assert not (stack.dir / "home" / "cost").exists()
+    report = last_json(stack.tp("cost", "report", "--by", "run", "--json"))
+    assert report["totals"][trained["run_id"]]["runs"] == 1 and report["totals"][trained["run_id"]]["total_usd"] > 0
+
     # The tracking server holds the run and the registered version.
     client = MlflowClient(settings["MLFLOW_TRACKING_URI"])
     assert client.get_run(trained["mlflow_run_id"]).info.status == "FINISHED"
