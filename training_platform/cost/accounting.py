@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -87,16 +88,17 @@ def run_cost(
     )
 
 
-class LedgerQueries:
+class LedgerQueries(ABC):
     """What every ledger answers from its rows: `records` and `record_once` are the ledger's own."""
 
+    @abstractmethod
     def records(
         self, team: str | None = None, since: datetime | None = None, sweep: str | None = None, run: str | None = None
-    ) -> list[dict]:
-        raise NotImplementedError
+    ) -> list[dict]: ...
 
+    @abstractmethod
     def record_once(self, rows: list[dict]) -> list[dict]:
-        raise NotImplementedError
+        """Write the rows whose key is not in the ledger yet; returns those written."""
 
     def record(self, cost: RunCost) -> None:
         self.record_once([{"key": f"{cost.run_id}#run", **asdict(cost)}])
