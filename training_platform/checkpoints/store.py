@@ -41,7 +41,7 @@ from training_platform.checkpoints.retention import (
     steps_to_keep,
 )
 from training_platform.checkpoints.signing import ManifestSigner, deployment_signer
-from training_platform.checkpoints.storage import LocalStorage, Storage, validate_key
+from training_platform.checkpoints.storage import Storage, open_storage, validate_key
 from training_platform.checkpoints.writer import LEASE_SETTLE_SECONDS, SaveStats, write_checkpoint
 from training_platform.errors import CheckpointError
 
@@ -443,14 +443,3 @@ def attach_cold_tier(storage: Storage, cold_uri: str) -> CheckpointStore:
     if recorded is None:
         storage.put(COLD_TIER_KEY, json.dumps({"uri": cold_uri}).encode())
     return CheckpointStore(storage, cold)
-
-
-def open_storage(uri: str | Path) -> Storage:
-    text = str(uri)
-    if text.startswith("s3://"):
-        from training_platform.checkpoints.s3 import S3Storage  # boto3 only when asked for
-
-        return S3Storage.from_uri(text)
-    if "://" in text and not text.startswith("file://"):
-        raise CheckpointError(f"unsupported checkpoint store URI {text!r}: use a local path or s3://bucket/prefix")
-    return LocalStorage(Path(text.removeprefix("file://")))

@@ -17,7 +17,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-from training_platform.cost.accounting import LedgerQueries, matches, row_key
+from training_platform.cost.accounting import DATABASE_ENV, LedgerQueries, matches, row_key
 from training_platform.cost.prices import CostError
 
 _METADATA = sa.MetaData()
@@ -53,7 +53,7 @@ class DatabaseLedger(LedgerQueries):
 
     def _unreachable(self, exc: Exception) -> CostError:
         reason = str(exc).splitlines()[0]
-        return CostError(f"the cost ledger's database {self.where} (TP_DATABASE_URL) failed: {reason}")
+        return CostError(f"the cost ledger's database {self.where} ({DATABASE_ENV}) failed: {reason}")
 
     def record_once(self, rows: list[dict]) -> list[dict]:
         """Insert the rows whose key is not in the ledger yet; returns those written."""

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from training_platform.checkpoints.storage import LocalStorage, Storage
+from training_platform.checkpoints.storage import LocalStorage, Storage, open_storage
 from training_platform.datasets.manifest import FORMAT_VERSION, ShardRef, SnapshotManifest
 from training_platform.errors import CheckpointError, SnapshotError
 
@@ -53,13 +53,7 @@ def snapshot_storage(root: SnapshotRoot) -> Storage:
 
 @functools.lru_cache(maxsize=16)
 def _storage(root: str, _pid: int) -> Storage:
-    if root.startswith("s3://"):
-        from training_platform.checkpoints.s3 import S3Storage  # boto3 only when asked for
-
-        return S3Storage.from_uri(root)
-    if "://" in root:
-        raise SnapshotError(f"unsupported snapshot store {root!r}: use a directory or s3://bucket/prefix")
-    return LocalStorage(root)
+    return open_storage(root)
 
 
 @_store_errors

@@ -100,8 +100,9 @@ def write_tokenizer(snapshot_root: SnapshotRoot, source_sha256: str, tokenizer: 
 
 def load_tokenizer(snapshot_root: SnapshotRoot, manifest) -> CharTokenizer:
     """The tokenizer stored with a text snapshot, checked against the snapshot's vocabulary size."""
-    where = f"{snapshot_root}/{tokenizer_key(manifest.source_sha256)}"
-    data = get_object(snapshot_root, tokenizer_key(manifest.source_sha256))
+    key = tokenizer_key(manifest.source_sha256)
+    where = f"{snapshot_root}/{key}"
+    data = get_object(snapshot_root, key)
     if data is None:
         raise SnapshotError(
             f"snapshot {manifest.snapshot_id} has no tokenizer at {where}; build text snapshots with "
