@@ -19,7 +19,7 @@ from resources.alerts import AlertsResource
 from resources.platform import PlatformResource
 from training_platform.cost.accounting import open_ledger
 from training_platform.paths import PlatformHome
-from training_platform.runs import SUBMITTED_SPEC
+from training_platform.runs import is_registered
 from training_platform.submission import PARTITION_TAG
 from training_platform.telemetry.alerts import RUN_RULES, Alert, evaluate_live, evaluate_run
 from training_platform.telemetry.records import RunRecord, latest_per_run, orchestrated_record
@@ -38,7 +38,7 @@ def is_training_run(run: dg.DagsterRun, home: PlatformHome) -> bool:
     if run.asset_selection:
         return TRAINING_ASSET in run.asset_selection
     # dg.materialize (as `tp` uses it) records no asset selection: the run registry decides.
-    return (home.run_dir(partition) / SUBMITTED_SPEC).is_file()
+    return is_registered(home, partition)
 
 
 def dagster_run_records(instance: dg.DagsterInstance, home: PlatformHome, limit: int = 500) -> list[RunRecord]:

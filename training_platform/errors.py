@@ -25,3 +25,7 @@ class CheckpointError(PlatformError):
 
 class LaunchError(PlatformError):
     """A backend refused or failed a submission."""
+
+
+class RegistryError(PlatformError):
+    """The run registry could not be read or written (its database is down or refused the request)."""

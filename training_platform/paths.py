@@ -14,10 +14,17 @@ from pathlib import Path
 from training_platform.identifiers import check_run_id, contained
 
 SNAPSHOT_STORE_ENV = "TP_SNAPSHOT_STORE_URI"
+DATABASE_ENV = "TP_DATABASE_URL"
 _PARENT = Path(__file__).resolve().parent.parent
 SOURCE_CHECKOUT: Path | None = _PARENT if (_PARENT / "pyproject.toml").is_file() else None
 """The source tree this package runs from (an editable install); None when installed from a wheel.
 What the platform needs at run time is in the package itself (training_platform/shipped/)."""
+
+
+def database_url() -> str | None:
+    """The platform's database (``$TP_DATABASE_URL``), shared by every machine of a team's deployment; None on
+    the embedded default, where each part keeps its state in files of the home (training_platform/database.py)."""
+    return os.environ.get(DATABASE_ENV) or None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import hashlib
 from datetime import date, timedelta
 
 from training_platform.paths import PlatformHome
-from training_platform.runs import SUBMITTED_SPEC, register_run
+from training_platform.runs import is_registered, register_run
 from training_platform.spec import TrainSpec, canonical_json, parse_spec
 
 
@@ -28,7 +28,7 @@ def day_spec(spec: TrainSpec, day: date) -> TrainSpec:
 def register_day_run(home: PlatformHome, spec: TrainSpec, day: date) -> str:
     """Record the day's spec under its run id (once: a registered day keeps the spec it was created with)."""
     run_id = day_run_id(spec, day)
-    if not (home.run_dir(run_id) / SUBMITTED_SPEC).is_file():
+    if not is_registered(home, run_id):
         register_run(home, day_spec(spec, day), run_id)
     return run_id
 

@@ -1,6 +1,6 @@
-"""The run registry: the spec each run (Dagster partition) was created with, kept on disk.
+"""The run registry: the spec each run (Dagster partition) was created with.
 
-A partition key alone is enough to re-run or reproduce a run: its spec is here.
+A partition key alone is enough to re-run or reproduce a run: its spec is here (run_registry.py says where).
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from training_platform.errors import SpecError
+from training_platform.identifiers import check_run_id
 from training_platform.launch.base import RESULT_FILE
 from training_platform.paths import PlatformHome
+from training_platform.run_registry import open_run_registry
 from training_platform.spec import TrainSpec, parse_spec
 from training_platform.submission import OWN_CODE_TAG
 
-SUBMITTED_SPEC = "submitted_spec.json"
 # Dagster's queued run coordinator runs higher `dagster/priority` first (see deploy/dagster/dagster.yaml).
 PRIORITY_TAGS = {"low": "-10", "normal": "0", "high": "10"}
 
@@ -38,26 +39,31 @@ def new_run_id(spec: TrainSpec) -> str:
 
 
 def register_run(home: PlatformHome, spec: TrainSpec, run_id: str | None = None) -> str:
-    run_id = run_id or new_run_id(spec)
-    run_dir = home.run_dir(run_id)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / SUBMITTED_SPEC).write_text(spec.model_dump_json(indent=2))
+    """Record `spec` as the run's spec (a new run id when none is given); a registered run keeps its own."""
+    run_id = new_run_id(spec) if run_id is None else run_id
+    _registered(home, run_id, spec)
     return run_id
 
 
 def register_submitted(home: PlatformHome, run_id: str, spec_json: str) -> TrainSpec:
     """Register a run submitted with its spec (a server-side `register_run`); a registered run keeps its own."""
-    spec = spec_from_json(spec_json, source=f"run {run_id}'s submitted spec")
-    if not (home.run_dir(run_id) / SUBMITTED_SPEC).is_file():
-        register_run(home, spec, run_id)
-        return spec
-    registered = load_run_spec(home, run_id)
+    return _registered(home, run_id, spec_from_json(spec_json, source=f"run {run_id}'s submitted spec"))
+
+
+def _registered(home: PlatformHome, run_id: str, spec: TrainSpec) -> TrainSpec:
+    registry = open_run_registry(home)
+    recorded = registry.add(check_run_id(run_id), spec.team, spec.model_dump_json(indent=2))
+    registered = spec_from_json(recorded, source=f"run {run_id}'s spec in {registry.where}")
     if registered != spec:
         raise SpecError(
             f"run {run_id!r} was registered with another spec; submit the new spec as a new run "
             f"(`tp train SPEC` picks a new run id), or `tp resume {run_id}` to continue the registered one"
         )
     return registered
+
+
+def is_registered(home: PlatformHome, run_id: str) -> bool:
+    return open_run_registry(home).get(run_id) is not None
 
 
 def spec_from_json(raw: str, source: str) -> TrainSpec:
@@ -70,13 +76,14 @@ def spec_from_json(raw: str, source: str) -> TrainSpec:
 
 
 def load_run_spec(home: PlatformHome, run_id: str) -> TrainSpec:
-    path = home.run_dir(run_id) / SUBMITTED_SPEC
-    if not path.is_file():
+    registry = open_run_registry(home)
+    recorded = registry.get(run_id)
+    if recorded is None:
         raise SpecError(
-            f"run {run_id!r} has no recorded spec at {path}; create runs with `tp train SPEC` "
+            f"run {run_id!r} has no recorded spec in {registry.where}; create runs with `tp train SPEC` "
             "(or register the partition's spec before materializing it)"
         )
-    return parse_spec(json.loads(path.read_text()), source=str(path))
+    return spec_from_json(recorded, source=f"run {run_id}'s spec in {registry.where}")
 
 
 def read_result(home: PlatformHome, run_id: str) -> dict | None:

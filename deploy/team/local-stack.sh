@@ -11,7 +11,7 @@
 # on its own port: the machine's clusters are not touched; its socket in pg-socket/), s3/, home/ (the platform home), run/ (pid
 # files), log/, and stack.env (the settings and generated credentials, mode 600). The databases: dagster
 # (run, event-log and schedule storage), mlflow (the tracking server's store), optuna (sweeps), platform
-# (the platform's own tables: the cost ledger). Buckets:
+# (the platform's own tables: the run registry, the cost ledger). Buckets:
 # $TP_STACK_BUCKET (checkpoints under checkpoints/, dataset snapshots under snapshots/, MLflow artifacts
 # under mlflow/).
 set -euo pipefail

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -18,11 +17,11 @@ from pathlib import Path
 
 from training_platform.cost.prices import CostError, PriceModel, load_price_model
 from training_platform.cost.windows import window_cost
+from training_platform.paths import database_url
 from training_platform.spec import TrainSpec
 
 GB = 1024**3
 LEDGER = "ledger.jsonl"
-DATABASE_ENV = "TP_DATABASE_URL"
 
 
 @dataclass(frozen=True)
@@ -163,8 +162,7 @@ def matches(
 def open_ledger(home_root: Path) -> LedgerQueries:
     """The deployment's ledger: in the platform's database when ``TP_DATABASE_URL`` names one (every machine
     of a team's deployment sees the same charges), else ``cost/ledger.jsonl`` in the home."""
-    url = os.environ.get(DATABASE_ENV)
-    if url:
+    if url := database_url():
         from training_platform.cost.ledger_db import DatabaseLedger  # SQLAlchemy only when asked for
 
         return DatabaseLedger(url)

@@ -9,16 +9,16 @@ the database.
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import time
 from datetime import datetime
 
 import sqlalchemy as sa
 
-from training_platform.cost.accounting import DATABASE_ENV, LedgerQueries, matches, row_key
+from training_platform.cost.accounting import LedgerQueries, matches, row_key
 from training_platform.cost.prices import CostError
+from training_platform.database import connect, failure, shown
+from training_platform.paths import DATABASE_ENV
 
 _METADATA = sa.MetaData()
 LEDGER_TABLE = sa.Table(
@@ -33,27 +33,19 @@ LEDGER_TABLE = sa.Table(
 _ATTEMPTS = 5  # a lost race on a key is settled by looking again; more losses mean something else is wrong
 
 
-@functools.lru_cache(maxsize=4)
-def _engine(url: str, _pid: int) -> sa.Engine:
-    engine = sa.create_engine(url, pool_pre_ping=True)
-    _METADATA.create_all(engine)  # the table, once, if it is not there
-    return engine
-
-
 class DatabaseLedger(LedgerQueries):
     def __init__(self, url: str):
         self.url = url
-        self.where = sa.make_url(url).render_as_string(hide_password=True)
+        self.where = shown(url)
 
     def _connect(self) -> sa.Engine:
         try:
-            return _engine(self.url, os.getpid())  # one pool per process: a forked one opens its own
+            return connect(self.url, _METADATA)
         except sa.exc.SQLAlchemyError as exc:
             raise self._unreachable(exc) from None
 
     def _unreachable(self, exc: Exception) -> CostError:
-        reason = str(exc).splitlines()[0]
-        return CostError(f"the cost ledger's database {self.where} ({DATABASE_ENV}) failed: {reason}")
+        return CostError(f"the cost ledger's database {self.where} ({DATABASE_ENV}) failed: {failure(exc)}")
 
     def record_once(self, rows: list[dict]) -> list[dict]:
         """Insert the rows whose key is not in the ledger yet; returns those written."""

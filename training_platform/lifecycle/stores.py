@@ -11,7 +11,7 @@ from training_platform.checkpoints.store import open_storage
 from training_platform.errors import CheckpointError
 from training_platform.lifecycle.settings import DEFAULT_STORE, LifecycleSettings
 from training_platform.paths import PlatformHome
-from training_platform.runs import SUBMITTED_SPEC
+from training_platform.run_registry import open_run_registry
 
 log = logging.getLogger(__name__)
 
@@ -23,28 +23,33 @@ def home_store_uris(home: PlatformHome, settings: LifecycleSettings, default_uri
     """
     uris = [default_uri or str(home.checkpoints)]
     uris += [uri for uri in settings.cold_tiers if uri != DEFAULT_STORE]
-    for run_dir in sorted(home.runs.glob("*")) if home.runs.is_dir() else []:
-        uris += _named_by_run(run_dir)
+    for record in sorted(home.runs.glob(f"*/{RECORD_FILE}")) if home.runs.is_dir() else []:
+        uris += _named(_read(record), ("store_uri",))
+    for spec in open_run_registry(home).specs().values():
+        uris += _named(spec, ("checkpoint", "store_uri"))
     seen: dict[str, str] = {}
     for uri in uris:
         seen.setdefault(_canonical(uri), uri)
     return list(seen.values())
 
 
-def _named_by_run(run_dir: Path) -> list[str]:
-    """The store a run's record or submitted spec names (read as plain JSON: a spec that no longer
-    validates still names where its checkpoints are)."""
-    named = []
-    for name, path in ((RECORD_FILE, ("store_uri",)), (SUBMITTED_SPEC, ("checkpoint", "store_uri"))):
-        try:
-            node = json.loads((run_dir / name).read_text())
-            for part in path:
-                node = node[part]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if isinstance(node, str) and node:
-            named.append(node)
-    return named
+def _named(text: str | None, path: tuple[str, ...]) -> list[str]:
+    """The store a run's attempt record or spec names (read as plain JSON: a spec that no longer validates
+    still names where its checkpoints are)."""
+    try:
+        node = json.loads(text or "")
+        for part in path:
+            node = node[part]
+    except (ValueError, KeyError, TypeError):
+        return []
+    return [node] if isinstance(node, str) and node else []
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:  # removed while we listed
+        return None
 
 
 def _canonical(uri: str) -> str:

@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from training_platform.cost.accounting import open_ledger, summed
 from training_platform.paths import PlatformHome
-from training_platform.runs import SUBMITTED_SPEC, read_result, register_run
+from training_platform.runs import is_registered, read_result, register_run
 from training_platform.spec import TrainSpec
 from training_platform.sweeps.spec import SweepSpec
 from training_platform.sweeps.study import (
@@ -157,7 +157,7 @@ class SweepDriver:
         running = 0
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             run_id = trial.user_attrs.get(RUN_ID_ATTR)
-            if run_id is None or not (self.home.run_dir(run_id) / SUBMITTED_SPEC).is_file():
+            if run_id is None or not is_registered(self.home, run_id):
                 self.study.tell(trial.number, state=TrialState.FAIL)  # asked, but died before it had a run
                 continue
             state = run_state(run_id)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from training_platform.paths import PlatformHome
+from training_platform.run_registry import open_run_registry
 
 TELEMETRY_FILE = "telemetry.json"
 FINISHED = ("SUCCEEDED", "FAILED", "CANCELED", "PREEMPTED")
@@ -113,16 +114,15 @@ def load_run_record(home: PlatformHome, run_id: str) -> RunRecord:
     run_dir = home.run_dir(run_id)
     record = record_from_telemetry(run_id, read_telemetry(run_dir))
     if not record.family:
-        spec_path = run_dir / "submitted_spec.json"
         try:
-            spec = json.loads(spec_path.read_text())
+            spec = json.loads(open_run_registry(home).get(run_id) or "")
             record = record.merged(
                 family=spec.get("name"),
                 team=spec.get("team"),
                 max_steps=spec.get("training", {}).get("max_steps"),
                 status="QUEUED" if record.status == "UNKNOWN" else None,
             )
-        except (OSError, json.JSONDecodeError):
+        except (json.JSONDecodeError, AttributeError):  # never registered, or not a spec
             pass
     return record
 
@@ -147,9 +147,9 @@ def orchestrated_record(
 
 
 def load_run_records(home: PlatformHome) -> list[RunRecord]:
-    if not home.runs.is_dir():
-        return []
-    return [load_run_record(home, d.name) for d in sorted(home.runs.iterdir()) if d.is_dir()]
+    """Every run this home ran an attempt of, or the registry knows."""
+    ran = {d.name for d in home.runs.iterdir() if d.is_dir()} if home.runs.is_dir() else set()
+    return [load_run_record(home, run_id) for run_id in sorted(ran | set(open_run_registry(home).specs()))]
 
 
 def latest_per_run(records: list[RunRecord]) -> list[RunRecord]:

@@ -7,6 +7,7 @@ One stack for the module, on free ports in a temporary directory; `down` must le
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -100,12 +101,17 @@ def test_the_pipeline_runs_on_the_stack_database_tracking_server_and_bucket(stac
     assert any(k.startswith(f"{snapshots}/shards/") for k in keys)
     assert not (stack.dir / "home" / "snapshots").exists()
 
-    # Its charges are in the platform's database, where `tp cost` reads them; the home has no ledger.
+    # Its spec and its charges are in the platform's database, where a run worker, the daemon and `tp cost`
+    # on any machine read them; the home has neither.
     platform_db = settings["TP_DATABASE_URL"].replace("postgresql+psycopg2://", "postgresql://")
     with psycopg2.connect(platform_db) as connection, connection.cursor() as cursor:
         cursor.execute("select key from tp_cost_ledger where run_id = %s", (trained["run_id"],))
         assert f"{trained['run_id']}#1" in {row[0] for row in cursor.fetchall()}
+        cursor.execute("select team, spec from tp_runs where run_id = %s", (trained["run_id"],))
+        team, spec = cursor.fetchone()
+        assert team == json.loads(spec)["team"] and json.loads(spec)["name"] == "digits-classifier"
     assert not (stack.dir / "home" / "cost").exists()
+    assert not list((stack.dir / "home" / "runs").glob("*/submitted_spec.json"))
     report = last_json(stack.tp("cost", "report", "--by", "run", "--json"))
     assert report["totals"][trained["run_id"]]["runs"] == 1 and report["totals"][trained["run_id"]]["total_usd"] > 0
 

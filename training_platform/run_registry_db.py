@@ -1,0 +1,65 @@
+"""The run registry as a table of the platform's database (``TP_DATABASE_URL``), shared by every machine."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+
+from training_platform.database import connect, failure, shown
+from training_platform.errors import RegistryError
+from training_platform.identifiers import check_run_id
+from training_platform.paths import DATABASE_ENV
+from training_platform.run_registry import RunRegistry
+
+_METADATA = sa.MetaData()
+RUNS_TABLE = sa.Table(
+    "tp_runs",
+    _METADATA,
+    sa.Column("run_id", sa.String(128), primary_key=True),
+    sa.Column("team", sa.String(128), nullable=False, index=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("spec", sa.Text, nullable=False),
+)
+
+
+class DatabaseRunRegistry(RunRegistry):
+    def __init__(self, url: str):
+        self.url = url
+        self.where = f"the platform's database {shown(url)} ({DATABASE_ENV})"
+
+    def add(self, run_id: str, team: str, spec_json: str) -> str:
+        row = {"run_id": check_run_id(run_id), "team": team, "created_at": datetime.now(UTC), "spec": spec_json}
+        with self._failures():
+            try:
+                with connect(self.url, _METADATA).begin() as connection:
+                    connection.execute(sa.insert(RUNS_TABLE), [row])
+            except sa.exc.IntegrityError:  # registered already, maybe a moment ago by another machine
+                pass
+        recorded = self.get(run_id)
+        if recorded is None:  # the insert failed on something else than the key
+            raise RegistryError(f"run {run_id!r} could not be registered in {self.where}; submit it again")
+        return recorded
+
+    def get(self, run_id: str) -> str | None:
+        query = sa.select(RUNS_TABLE.c.spec).where(RUNS_TABLE.c.run_id == check_run_id(run_id))
+        with self._failures(), connect(self.url, _METADATA).connect() as connection:
+            return connection.execute(query).scalar_one_or_none()
+
+    def specs(self) -> dict[str, str]:
+        query = sa.select(RUNS_TABLE.c.run_id, RUNS_TABLE.c.spec).order_by(RUNS_TABLE.c.run_id)
+        with self._failures(), connect(self.url, _METADATA).connect() as connection:
+            return {run_id: spec for run_id, spec in connection.execute(query)}
+
+    @contextlib.contextmanager
+    def _failures(self) -> Iterator[None]:
+        """A database error as a RegistryError that names the database (without its password)."""
+        try:
+            yield
+        except sa.exc.SQLAlchemyError as exc:
+            raise RegistryError(
+                f"the run registry in {self.where} failed: {failure(exc)}; check that the database is up and "
+                "its URL is right (`deploy/team/local-stack.sh status` on the team stack)"
+            ) from None
