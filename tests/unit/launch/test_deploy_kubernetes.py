@@ -182,6 +182,9 @@ def test_dagster_helm_values_queue_runs_as_the_shipped_instance_does():
     # The webserver submits runs through the coordinator and the daemon dequeues them: both load our class.
     image = values["dagster-user-deployments"]["deployments"][0]["image"]
     assert values["dagsterWebserver"]["image"] == values["dagsterDaemon"]["image"] == image
+    # The coordinator reads the spec of a run launched by partition alone from the run registry: both reach it.
+    for part in ("dagsterWebserver", "dagsterDaemon"):
+        assert {"name": "training-platform-database"} in values[part]["envSecrets"], part
 
 
 def test_every_setting_the_helm_values_pass_is_one_the_platform_reads():
