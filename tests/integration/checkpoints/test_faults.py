@@ -44,11 +44,15 @@ def kill_during_saves(store: CheckpointStore, run_id: str, trials: int, seed: in
     outcomes = {"killed": 0, "finished": 0}
     with AsyncCheckpointer(store) as checkpointer:
         checkpointer.save_async(run_id, 0, fault_state(0))
+        assert checkpointer.wait().ok
+        # The kills are timed by a save like theirs: the first one also writes the frozen tensor, which later
+        # saves lease, and is slower (timed by it, 14 of 20 S3 saves finished before their kill).
+        checkpointer.save_async(run_id, 1, fault_state(1))
         first = checkpointer.wait()
         assert first.ok, first.error
         full = first.background_seconds + store.lease_settle_seconds
-        complete = 0
-        for step in range(1, trials + 1):
+        complete = 1
+        for step in range(2, trials + 2):
             checkpointer.save_async(run_id, step, fault_state(step))
             # Half the kills aim at the chunk writes, half anywhere in the save (lease, manifest, after).
             time.sleep(rng.uniform(0, first.background_seconds if step % 2 else full * 1.2))
