@@ -11,7 +11,7 @@
 # on its own port: the machine's clusters are not touched; its socket in pg-socket/), s3/, home/ (the platform home), run/ (pid
 # files), log/, and stack.env (the settings and generated credentials, mode 600). The databases: dagster
 # (run, event-log and schedule storage), mlflow (the tracking server's store), optuna (sweeps), platform
-# (the platform's own tables: the run registry, the cost ledger). Buckets:
+# (the platform's shared state: the run registry, the cost ledger, the cost-window queues, locks). Buckets:
 # $TP_STACK_BUCKET (checkpoints under checkpoints/, dataset snapshots under snapshots/, MLflow artifacts
 # under mlflow/).
 set -euo pipefail
@@ -164,7 +164,9 @@ EOF
 start_mlflow() {
     if ! alive "$DIR/run/mlflow.pid"; then
         # The store's URL (with its password) through the environment: a command line is visible to every user.
-        MLFLOW_BACKEND_STORE_URI="$DB/mlflow" MLFLOW_ARTIFACTS_DESTINATION="s3://$BUCKET/mlflow" \
+        # No job runner: it and its seven workers (about 200 MB each) serve MLflow's GenAI jobs, not training.
+        MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false \
+            MLFLOW_BACKEND_STORE_URI="$DB/mlflow" MLFLOW_ARTIFACTS_DESTINATION="s3://$BUCKET/mlflow" \
             MLFLOW_S3_ENDPOINT_URL="http://127.0.0.1:$S3_PORT" AWS_ACCESS_KEY_ID="$S3_ACCESS_KEY" \
             AWS_SECRET_ACCESS_KEY="$S3_SECRET_KEY" setsid mlflow server --host 127.0.0.1 --port "$MLFLOW_PORT" \
             --workers 1 >>"$DIR/log/mlflow.log" 2>&1 &
