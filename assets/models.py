@@ -6,6 +6,7 @@ from assets.partitions import training_runs
 from resources.platform import PlatformResource
 from training_platform import tracking
 from training_platform.checkpoints import open_store
+from training_platform.documents import shared_lock
 from training_platform.evaluate import evaluate_checkpoint, find_checkpoint, input_example, load_model
 from training_platform.lifecycle.registry import model_pin_reason
 from training_platform.spec import parse_spec
@@ -92,7 +93,7 @@ def registered_model(
         model_name,
         version,
         evaluated_model["test_accuracy"],
-        platform.paths().root / "locks",
+        shared_lock(platform.paths().root, "registry", model_name),
     )
     context.log.info(f"promotion gate: {'pass' if gate.promote else 'fail'}: {gate.reason}")
     # While the version exists, retention, tiering and GC keep its checkpoint (the lifecycle

@@ -99,7 +99,7 @@ def training_run(
     lineage = LineageKey.of(spec)
     tracking_uri = platform.mlflow_uri()
     tags = tracking.run_tags(spec, lineage, context.run_id, run_id)
-    trial = TrialContext.read(home.run_dir(run_id))  # set when this run is a sweep trial
+    trial = TrialContext.read(home, run_id)  # set when this run is a sweep trial
     tags.update(trial.mlflow_tags() if trial else {})
     mlflow_run_id = tracking.start_run(tracking_uri, home.mlflow_artifacts, spec, tags)
     charged = _Charging(home.root, run_dir, run_id, spec, trial.sweep if trial else None, tracking_uri, mlflow_run_id)

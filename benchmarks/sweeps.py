@@ -62,7 +62,7 @@ def in_process_trial(home: PlatformHome, data):
 
     def run(spec, run_id):
         run_dir = home.run_dir(run_id)
-        pruning = TrialPruning(TrialContext.read(run_dir))
+        pruning = TrialPruning(TrialContext.read(home, run_id))
         cfg = spec.training
         torch.manual_seed(cfg.seed)
         model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))

@@ -103,7 +103,7 @@ def _charge(
     if all(attempt_key(run_id, s.number) in charged for s in spans if s.closed):
         return
     try:
-        trial = TrialContext.read(home.run_dir(run_id))
+        trial = TrialContext.read(home, run_id)
         settle_spans(home.root, run_id, spans, load_run_spec(home, run_id), trial.sweep if trial else None)
     except (PlatformError, OSError) as exc:
         context.log.warning(f"{run_id}: its attempts could not be charged this tick: {exc}")

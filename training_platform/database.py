@@ -1,8 +1,8 @@
 """The platform's database (``TP_DATABASE_URL``): what every machine of a team's deployment shares.
 
-Its tables (the cost ledger, the run registry) are created on first use. Connections are pooled per
-process (a forked process opens its own) and tested before use, so a restart of the database costs
-a reconnect, not the caller's request.
+Its tables (the run registry, the cost ledger, the shared records of documents_db.py) are created on first
+use. Connections are pooled per process (a forked process opens its own) and tested before use, so a restart
+of the database costs a reconnect, not the caller's request.
 """
 
 from __future__ import annotations

@@ -27,5 +27,6 @@ class LaunchError(PlatformError):
     """A backend refused or failed a submission."""
 
 
-class RegistryError(PlatformError):
-    """The run registry could not be read or written (its database is down or refused the request)."""
+class SharedStateError(PlatformError):
+    """The platform's shared state (the run registry, the queues of sweeps and runs waiting for their window)
+    could not be read or written: its database is down or refused the request."""

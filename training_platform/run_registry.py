@@ -15,18 +15,24 @@ from abc import ABC, abstractmethod
 from training_platform.paths import PlatformHome, database_url
 
 SUBMITTED_SPEC = "submitted_spec.json"
+TRIAL_FILE = "sweep_trial.json"
 
 
 class RunRegistry(ABC):
     where: str  # where the specs are, as a message may name it
 
     @abstractmethod
-    def add(self, run_id: str, team: str, spec_json: str) -> str:
-        """Record `spec_json` as the run's spec unless it has one; returns the run's spec as recorded."""
+    def add(self, run_id: str, team: str, spec_json: str, trial_json: str | None = None) -> str:
+        """Record `spec_json` as the run's spec, with its sweep trial's context if it is one, unless the run has a
+        spec; returns the run's spec as recorded."""
 
     @abstractmethod
     def get(self, run_id: str) -> str | None:
         """The run's recorded spec (JSON), or None for a run never registered."""
+
+    @abstractmethod
+    def trial(self, run_id: str) -> str | None:
+        """The context (JSON) of the sweep trial the run is, or None for a run outside sweeps."""
 
     @abstractmethod
     def specs(self) -> dict[str, str]:
@@ -47,9 +53,11 @@ class FileRunRegistry(RunRegistry):
         self.home = home
         self.where = str(home.runs)
 
-    def add(self, run_id: str, team: str, spec_json: str) -> str:
+    def add(self, run_id: str, team: str, spec_json: str, trial_json: str | None = None) -> str:
         path = self.home.run_dir(run_id) / SUBMITTED_SPEC
         path.parent.mkdir(parents=True, exist_ok=True)
+        if trial_json is not None and not path.exists():  # before the spec: a registered trial has its context
+            (path.parent / TRIAL_FILE).write_text(trial_json)
         fd, staged = tempfile.mkstemp(dir=path.parent, prefix=f".{SUBMITTED_SPEC}.")
         try:
             with os.fdopen(fd, "w") as out:
@@ -63,6 +71,10 @@ class FileRunRegistry(RunRegistry):
 
     def get(self, run_id: str) -> str | None:
         path = self.home.run_dir(run_id) / SUBMITTED_SPEC
+        return path.read_text() if path.is_file() else None
+
+    def trial(self, run_id: str) -> str | None:
+        path = self.home.run_dir(run_id) / TRIAL_FILE
         return path.read_text() if path.is_file() else None
 
     def specs(self) -> dict[str, str]:

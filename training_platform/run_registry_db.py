@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 
 from training_platform.database import connect, failure, shown
-from training_platform.errors import RegistryError
+from training_platform.errors import SharedStateError
 from training_platform.identifiers import check_run_id
 from training_platform.paths import DATABASE_ENV
 from training_platform.run_registry import RunRegistry
@@ -22,6 +22,7 @@ RUNS_TABLE = sa.Table(
     sa.Column("team", sa.String(128), nullable=False, index=True),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("spec", sa.Text, nullable=False),
+    sa.Column("trial", sa.Text, nullable=True),  # a sweep trial's context
 )
 
 
@@ -30,8 +31,9 @@ class DatabaseRunRegistry(RunRegistry):
         self.url = url
         self.where = f"the platform's database {shown(url)} ({DATABASE_ENV})"
 
-    def add(self, run_id: str, team: str, spec_json: str) -> str:
-        row = {"run_id": check_run_id(run_id), "team": team, "created_at": datetime.now(UTC), "spec": spec_json}
+    def add(self, run_id: str, team: str, spec_json: str, trial_json: str | None = None) -> str:
+        row = {"run_id": check_run_id(run_id), "team": team, "created_at": datetime.now(UTC), "spec": spec_json,
+               "trial": trial_json}
         with self._failures():
             try:
                 with connect(self.url, _METADATA).begin() as connection:
@@ -40,11 +42,17 @@ class DatabaseRunRegistry(RunRegistry):
                 pass
         recorded = self.get(run_id)
         if recorded is None:  # the insert failed on something else than the key
-            raise RegistryError(f"run {run_id!r} could not be registered in {self.where}; submit it again")
+            raise SharedStateError(f"run {run_id!r} could not be registered in {self.where}; submit it again")
         return recorded
 
     def get(self, run_id: str) -> str | None:
-        query = sa.select(RUNS_TABLE.c.spec).where(RUNS_TABLE.c.run_id == check_run_id(run_id))
+        return self._one(RUNS_TABLE.c.spec, run_id)
+
+    def trial(self, run_id: str) -> str | None:
+        return self._one(RUNS_TABLE.c.trial, run_id)
+
+    def _one(self, column: sa.Column, run_id: str) -> str | None:
+        query = sa.select(column).where(RUNS_TABLE.c.run_id == check_run_id(run_id))
         with self._failures(), connect(self.url, _METADATA).connect() as connection:
             return connection.execute(query).scalar_one_or_none()
 
@@ -55,11 +63,11 @@ class DatabaseRunRegistry(RunRegistry):
 
     @contextlib.contextmanager
     def _failures(self) -> Iterator[None]:
-        """A database error as a RegistryError that names the database (without its password)."""
+        """A database error as a SharedStateError that names the database (without its password)."""
         try:
             yield
         except sa.exc.SQLAlchemyError as exc:
-            raise RegistryError(
+            raise SharedStateError(
                 f"the run registry in {self.where} failed: {failure(exc)}; check that the database is up and "
                 "its URL is right (`deploy/team/local-stack.sh status` on the team stack)"
             ) from None

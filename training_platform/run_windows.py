@@ -2,21 +2,19 @@
 
 `tp train` records such a run here instead of queueing it when its cheapest start before the deadline
 is later than now (`--now` starts it at once); the hourly `run_window_schedule` submits each run whose
-window has opened, once: its run key is the run and its window (`$TP_HOME/windows/<run_id>.json` holds
-the spec, the tags and the window).
+window has opened, once: its run key is the run and its window (its record holds the spec, the tags
+and the window: documents.py, `$TP_HOME/windows/<run_id>.json` or a row of the platform's database).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from training_platform.cost.windows import CostWindow, cost_window_for
-from training_platform.identifiers import check_run_id, contained
+from training_platform.documents import open_documents
 from training_platform.spec import TrainSpec, parse_spec
 
 WINDOWS_DIR = "windows"
@@ -58,37 +56,22 @@ class WaitingRun:
 
 class RunWindowQueue:
     def __init__(self, home_root: Path):
-        self.root = Path(home_root) / WINDOWS_DIR
-
-    def path(self, run_id: str) -> Path:
-        return contained(self.root, f"{check_run_id(run_id)}.json")
+        self.records = open_documents(home_root, "run_window", WINDOWS_DIR)
 
     def enqueue(self, run_id: str, spec: TrainSpec, tags: dict[str, str], window: CostWindow) -> WaitingRun:
-        record = {"spec": spec.model_dump(mode="json"), "tags": tags, "window": window.as_dict()}
-        self._write(run_id, record)
+        self.records.put(run_id, {"spec": spec.model_dump(mode="json"), "tags": tags, "window": window.as_dict()})
         return self.get(run_id)  # type: ignore[return-value]
 
     def get(self, run_id: str) -> WaitingRun | None:
-        path = self.path(run_id)
-        if not path.is_file():
+        record = self.records.get(run_id)
+        if record is None:
             return None
-        record = json.loads(path.read_text())
-        spec = parse_spec(record["spec"], source=str(path))
+        spec = parse_spec(record["spec"], source=self.records.where(run_id))
         return WaitingRun(run_id, spec, record["tags"], record["window"])
 
     def all(self) -> list[WaitingRun]:
-        if not self.root.is_dir():
-            return []
-        return [w for p in sorted(self.root.glob("*.json")) if (w := self.get(p.stem)) is not None]
+        return [w for name in self.records.names() if (w := self.get(name)) is not None]
 
     def due(self, at: datetime) -> list[WaitingRun]:
         """Runs whose window has opened (or passed: a late release still beats missing the deadline)."""
         return [w for w in self.all() if at >= w.start]
-
-    def _write(self, run_id: str, record: dict[str, Any]) -> None:
-        """Atomically: the schedule reads these files while `tp train` writes them."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        path = self.path(run_id)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record, indent=2))
-        tmp.replace(path)

@@ -38,10 +38,11 @@ def new_run_id(spec: TrainSpec) -> str:
     return f"{spec.name}-{stamp}-{secrets.token_hex(2)}"
 
 
-def register_run(home: PlatformHome, spec: TrainSpec, run_id: str | None = None) -> str:
-    """Record `spec` as the run's spec (a new run id when none is given); a registered run keeps its own."""
+def register_run(home: PlatformHome, spec: TrainSpec, run_id: str | None = None, trial: dict | None = None) -> str:
+    """Record `spec` as the run's spec (a new run id when none is given), with the context of the sweep trial the
+    run is (sweeps/trial.py); a registered run keeps its own."""
     run_id = new_run_id(spec) if run_id is None else run_id
-    _registered(home, run_id, spec)
+    _registered(home, run_id, spec, trial)
     return run_id
 
 
@@ -50,9 +51,10 @@ def register_submitted(home: PlatformHome, run_id: str, spec_json: str) -> Train
     return _registered(home, run_id, spec_from_json(spec_json, source=f"run {run_id}'s submitted spec"))
 
 
-def _registered(home: PlatformHome, run_id: str, spec: TrainSpec) -> TrainSpec:
+def _registered(home: PlatformHome, run_id: str, spec: TrainSpec, trial: dict | None = None) -> TrainSpec:
     registry = open_run_registry(home)
-    recorded = registry.add(check_run_id(run_id), spec.team, spec.model_dump_json(indent=2))
+    trial_json = json.dumps(trial, indent=2) if trial is not None else None
+    recorded = registry.add(check_run_id(run_id), spec.team, spec.model_dump_json(indent=2), trial_json)
     registered = spec_from_json(recorded, source=f"run {run_id}'s spec in {registry.where}")
     if registered != spec:
         raise SpecError(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
-import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,23 +206,24 @@ def register_model(
 
 
 def promote(
-    tracking_uri: str, mlflow_run_id: str, model_name: str, version: str, candidate_accuracy: float, lock_dir: Path
+    tracking_uri: str,
+    mlflow_run_id: str,
+    model_name: str,
+    version: str,
+    candidate_accuracy: float,
+    lock: contextlib.AbstractContextManager[None],
 ) -> GateDecision:
     """The gate, then the champion alias moved to VERSION if it passed, as one step per model.
 
     Two runs of one model that finish together (a sweep, a team's batch) would otherwise both pass against the
     same champion, and the worse could end champion, or the second alias write fail outright (SQLite's store
-    inserts the alias, and the two inserts collide). The step holds a lock of the model's, in LOCK_DIR (the
-    platform home's, which every run of this machine shares), and retries a write another machine's run collided
-    with, deciding again each time.
+    inserts the alias, and the two inserts collide). The step holds LOCK, the model's (documents.shared_lock:
+    every process of the deployment respects it), and retries a write that collided, deciding again each time.
     """
     from mlflow.exceptions import MlflowException
 
     client = _client(tracking_uri)
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    lock_path = lock_dir / f"registry-{hashlib.sha256(model_name.encode()).hexdigest()[:16]}.lock"
-    with lock_path.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with lock:
         for attempt in range(ALIAS_WRITE_ATTEMPTS):
             gate = promotion_gate(tracking_uri, model_name, candidate_accuracy)
             if gate.champion_version is not None and str(gate.champion_version) == version:

@@ -7,14 +7,15 @@ Without the model's lock, two processes setting the alias at once on MLflow's SQ
 import multiprocessing
 from pathlib import Path
 
+from training_platform.documents import shared_lock
 from training_platform.tracking import CHAMPION_ALIAS, promote
 
 ACCURACIES = [0.90, 0.95, 0.93, 0.91]
 
 
-def _promote(uri: str, run_id: str, version: str, accuracy: float, lock_dir: str, barrier) -> None:
+def _promote(uri: str, run_id: str, version: str, accuracy: float, home: str, barrier) -> None:
     barrier.wait()  # every candidate reaches the gate together
-    promote(uri, run_id, "race-model", version, accuracy, Path(lock_dir))
+    promote(uri, run_id, "race-model", version, accuracy, shared_lock(Path(home), "registry", "race-model"))
 
 
 def test_candidates_finishing_together_leave_the_best_as_champion(tmp_path):
@@ -34,7 +35,7 @@ def test_candidates_finishing_together_leave_the_best_as_champion(tmp_path):
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(len(candidates))
     workers = [
-        context.Process(target=_promote, args=(uri, run, version, accuracy, str(tmp_path / "locks"), barrier))
+        context.Process(target=_promote, args=(uri, run, version, accuracy, str(tmp_path / "home"), barrier))
         for run, version, accuracy in candidates
     ]
     for worker in workers:

@@ -4,11 +4,12 @@ reached named without its password. SQLite here; the team stack's test runs it o
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 
 import pytest
 
-from training_platform.errors import RegistryError, SpecError
+from training_platform.errors import SharedStateError, SpecError
 from training_platform.lifecycle.settings import LifecycleSettings
 from training_platform.lifecycle.stores import home_store_uris
 from training_platform.paths import PlatformHome
@@ -110,6 +111,17 @@ def test_machines_registering_one_run_at_once_all_find_the_same_spec(tmp_path):
 
 def test_an_unreachable_database_is_named_without_its_password(home, monkeypatch):
     monkeypatch.setenv("TP_DATABASE_URL", "postgresql+psycopg2://tp:s3cret-pw@127.0.0.1:1/platform")
-    with pytest.raises(RegistryError, match=r"run registry in the platform's database .*127\.0\.0\.1:1") as caught:
+    with pytest.raises(SharedStateError, match=r"run registry in the platform's database .*127\.0\.0\.1:1") as caught:
         load_run_spec(home, "r-1")
     assert "s3cret-pw" not in str(caught.value)
+
+
+def test_a_sweep_trials_context_is_registered_with_its_run(deployment):
+    from training_platform.sweeps import TrialContext
+
+    context = TrialContext(sweep="s", storage="sqlite:///x.db", trial_id=7, trial_number=3, metric="val_accuracy",
+                           direction="maximize", pruner={"type": "none"})
+    register_run(deployment, spec(), "s-t003", trial=dataclasses.asdict(context))
+    register_run(deployment, spec(), "plain")
+    assert TrialContext.read(deployment, "s-t003") == context
+    assert TrialContext.read(deployment, "plain") is None

@@ -179,8 +179,7 @@ class SweepDriver:
     def _launch(self, trial: optuna.Trial) -> Launch:
         spec = self.sweep.trial_spec(trial.params, trial.number)
         run_id = f"{self.sweep.name}-t{trial.number:03d}-{secrets.token_hex(2)}"[:63]
-        register_run(self.home, spec, run_id)
-        TrialContext(
+        context = TrialContext(
             sweep=self.sweep.name,
             storage=public_url(self.storage),
             trial_id=trial._trial_id,  # the storage's id, which a worker needs to re-open this trial
@@ -189,7 +188,8 @@ class SweepDriver:
             direction=self.sweep.objective.direction,
             pruner=self.sweep.pruner.model_dump(mode="json"),
             parent_mlflow_run_id=self.parent_mlflow_run_id,
-        ).write(self.home.run_dir(run_id))
+        )
+        register_run(self.home, spec, run_id, trial=asdict(context))
         trial.set_user_attr(RUN_ID_ATTR, run_id)  # last: a trial with a run id has a registered run
         return Launch(run_id, spec, trial.number)
 

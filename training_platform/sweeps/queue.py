@@ -1,7 +1,8 @@
-"""The platform's sweeps: one JSON file each under `$TP_HOME/sweeps/queue/`.
+"""The platform's sweeps: one record each (documents.py: a JSON file under `$TP_HOME/sweeps/queue/`, or a row of
+the platform's database).
 
 A sweep is QUEUED until its cost window opens (the hourly release schedule starts it), RUNNING while
-the server's sweep sensor submits its trials, and FINISHED once none runs and none may start. The file
+the server's sweep sensor submits its trials, and FINISHED once none runs and none may start. The record
 holds the validated sweep (its snapshot pinned once it runs), its window, its state and the sweep's
 parent MLflow run.
 """
@@ -9,17 +10,15 @@ parent MLflow run.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from training_platform.cost.windows import CostWindow, cost_window_for
-from training_platform.identifiers import check_run_id, contained
+from training_platform.documents import open_documents
+from training_platform.errors import SpecError
 from training_platform.sweeps.spec import SweepSpec, parse_sweep
 
 
@@ -47,38 +46,30 @@ class QueuedSweep:
 
 class SweepQueue:
     def __init__(self, home_root: Path):
-        self.root = Path(home_root) / "sweeps" / "queue"
-
-    def path(self, name: str) -> Path:
-        # `name` may be a Dagster partition key typed in the UI: one plain name under the queue.
-        return contained(self.root, f"{check_run_id(name, 'sweep name')}.json")
+        self.records = open_documents(home_root, "sweep", "sweeps/queue")
 
     def enqueue(self, sweep: SweepSpec, window: CostWindow) -> QueuedSweep:
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._write(sweep.name, {"sweep": sweep.model_dump(mode="json"), "window": window.as_dict(), "state": "QUEUED"})
+        self.records.put(sweep.name, {"sweep": sweep.model_dump(mode="json"), "window": window.as_dict(),
+                                      "state": "QUEUED"})
         return self.get(sweep.name)  # type: ignore[return-value]
 
     def start(self, sweep: SweepSpec, parent_mlflow_run_id: str, trials_until: datetime | None = None) -> None:
         """RUNNING, with the sweep as it runs (its snapshot pinned), its parent MLflow run, and the end of the
         window its trials are released in (None: no window, as with `tp sweep --now`)."""
-        record = json.loads(self.path(sweep.name).read_text())
+        record = self.records.get(sweep.name)
+        if record is None:
+            raise SpecError(f"sweep {sweep.name!r} is not queued ({self.records.where(sweep.name)}); submit it with "
+                            "`tp sweep SPEC`")
         record |= {"sweep": sweep.model_dump(mode="json"), "state": "RUNNING"}
         record["parent_mlflow_run_id"] = parent_mlflow_run_id
         record["trials_until"] = trials_until.isoformat() if trials_until else None
-        self._write(sweep.name, record)
-
-    def _write(self, name: str, record: dict[str, Any]) -> None:
-        """Atomically: the sensor reads these files every few seconds."""
-        tmp = self.path(name).with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=2))
-        tmp.replace(self.path(name))
+        self.records.put(sweep.name, record)
 
     def get(self, name: str) -> QueuedSweep | None:
-        path = self.path(name)
-        if not path.is_file():
+        record = self.records.get(name)
+        if record is None:
             return None
-        record = json.loads(path.read_text())
-        sweep = parse_sweep(record["sweep"], str(path))
+        sweep = parse_sweep(record["sweep"], self.records.where(name))
         until = record.get("trials_until")
         return QueuedSweep(
             sweep,
@@ -89,27 +80,19 @@ class SweepQueue:
         )
 
     def all(self) -> list[QueuedSweep]:
-        if not self.root.is_dir():
-            return []
-        return [q for p in sorted(self.root.glob("*.json")) if (q := self.get(p.stem)) is not None]
+        return [q for name in self.records.names() if (q := self.get(name)) is not None]
 
-    @contextlib.contextmanager
-    def locked(self, name: str) -> Iterator[None]:
-        """The sweep to this process alone while the block runs (an exclusive lock on its own lock file)."""
-        with open(self.path(name).with_suffix(".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+    def locked(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """The sweep to this process alone while the block runs (on a team's deployment, on any machine)."""
+        return self.records.locked(name)
 
     def due(self, at: datetime) -> list[QueuedSweep]:
         return [q for q in self.all() if q.due(at)]
 
     def mark(self, name: str, state: str) -> None:
-        path = self.path(name)
-        if path.is_file():
-            self._write(name, json.loads(path.read_text()) | {"state": state})
+        record = self.records.get(name)
+        if record is not None:
+            self.records.put(name, record | {"state": state})
 
 
 def sweep_window(sweep: SweepSpec, now: datetime | None = None) -> CostWindow:

@@ -1,6 +1,6 @@
 """A trial's link to its sweep, on both sides of the launch.
 
-The orchestrator writes `sweep_trial.json` into the run directory (beside the submitted spec);
+The orchestrator registers it with the trial's run (run_registry.py: beside the submitted spec);
 the training_run asset turns it into worker environment variables and MLflow nesting tags; the
 worker's `TrialPruning` reports validation metrics into the study's RDB storage and asks the
 study's pruner whether to stop. Rank 0 alone talks to the storage; no Dagster on either side.
@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-TRIAL_FILE = "sweep_trial.json"
+from training_platform.paths import PlatformHome
+from training_platform.run_registry import open_run_registry
+
 PRUNED_MARKER = "pruned.json"
 ENV_PREFIX = "TP_SWEEP_"
 
@@ -29,14 +30,11 @@ class TrialContext:
     pruner: dict
     parent_mlflow_run_id: str | None = None
 
-    def write(self, run_dir: Path) -> None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / TRIAL_FILE).write_text(json.dumps(asdict(self), indent=2))
-
     @classmethod
-    def read(cls, run_dir: Path) -> TrialContext | None:
-        path = Path(run_dir) / TRIAL_FILE
-        return cls(**json.loads(path.read_text())) if path.is_file() else None
+    def read(cls, home: PlatformHome, run_id: str) -> TrialContext | None:
+        """The registered run's trial context; None for a run outside sweeps."""
+        raw = open_run_registry(home).trial(run_id)
+        return cls(**json.loads(raw)) if raw else None
 
     def worker_env(self) -> dict[str, str]:
         return {f"{ENV_PREFIX}CONTEXT": json.dumps(asdict(self))}

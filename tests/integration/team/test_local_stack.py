@@ -136,6 +136,23 @@ def test_a_sweeps_study_is_in_the_stack_database(stack, swept):
         )
         assert cursor.fetchone()[0] == 2
     assert not (stack.dir / "home" / "sweeps.db").exists(), "Optuna wrote a SQLite study in the home"
+    # The sweep's record (its state, its parent MLflow run) and its trials' specs are in the platform's database,
+    # where the sensors, the queue's coordinator and a run worker on any machine read them; the home has none.
+    platform_db = settings["TP_DATABASE_URL"].replace("postgresql+psycopg2://", "postgresql://")
+
+    def sweep_record() -> dict:
+        with psycopg2.connect(platform_db) as connection, connection.cursor() as cursor:
+            cursor.execute("select body from tp_documents where kind = 'sweep' and name = %s", ("stack-sweep",))
+            return json.loads(cursor.fetchone()[0])
+
+    # The sweeps sensor marks it finished on its next tick after the result is in the catalog.
+    record = wait_until(lambda: (r := sweep_record())["state"] == "FINISHED" and r, 120, "the sweep marked FINISHED")
+    assert record["parent_mlflow_run_id"], record
+    with psycopg2.connect(platform_db) as connection, connection.cursor() as cursor:
+        cursor.execute("select count(*) from tp_runs where trial is not null and run_id like %s", ("stack-sweep-t%",))
+        assert cursor.fetchone()[0] == 2
+    assert not (stack.dir / "home" / "sweeps").exists()
+    assert not list((stack.dir / "home" / "runs").glob("*/sweep_trial.json"))
 
 
 def test_the_stacks_credentials_appear_in_no_file_log_or_record(stack, trained, swept):

@@ -38,7 +38,7 @@ def curve_trial(home: PlatformHome):
 
     def run(spec, run_id):
         run_dir = home.run_dir(run_id)
-        pruning = TrialPruning(TrialContext.read(run_dir))
+        pruning = TrialPruning(TrialContext.read(home, run_id))
         lr, status, step = spec.training.learning_rate, "SUCCEEDED", 0
         ceiling = 1.0 - 0.15 * abs(math.log10(lr) + 2)
         for step in range(10, spec.training.max_steps + 1, 10):
