@@ -7,10 +7,14 @@ of the database costs a reconnect, not the caller's request.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 
 import sqlalchemy as sa
+
+from training_platform.errors import SharedStateError
 
 
 def connect(url: str, metadata: sa.MetaData) -> sa.Engine:
@@ -28,6 +32,19 @@ def shown(url: str) -> str:
 def failure(exc: Exception) -> str:
     """The first line of a database error: what went wrong, without the statement and its parameters."""
     return str(exc).splitlines()[0]
+
+
+@contextlib.contextmanager
+def shared_state_failures(what: str) -> Iterator[None]:
+    """A database error in the block as a SharedStateError: what failed (WHAT, naming the database without its
+    password), why, and what to check."""
+    try:
+        yield
+    except sa.exc.SQLAlchemyError as exc:
+        raise SharedStateError(
+            f"{what} failed: {failure(exc)}; check that the database is up and its URL is right "
+            "(`deploy/team/local-stack.sh status` on the team stack)"
+        ) from None
 
 
 @functools.lru_cache(maxsize=4)

@@ -12,9 +12,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from training_platform.database import connect, failure, shown
+from training_platform.database import connect, shared_state_failures, shown
 from training_platform.documents import Documents, file_lock
-from training_platform.errors import SharedStateError
 from training_platform.identifiers import check_run_id
 from training_platform.paths import DATABASE_ENV
 
@@ -100,12 +99,5 @@ class DatabaseDocuments(Documents):
         with self._failures():
             return connect(self.url, _METADATA)
 
-    @contextlib.contextmanager
-    def _failures(self) -> Iterator[None]:
-        try:
-            yield
-        except sa.exc.SQLAlchemyError as exc:
-            raise SharedStateError(
-                f"the {self.kind} records in {self.shown} could not be read or written: {failure(exc)}; check "
-                "that the database is up and its URL is right (`deploy/team/local-stack.sh status` on the team stack)"
-            ) from None
+    def _failures(self) -> contextlib.AbstractContextManager[None]:
+        return shared_state_failures(f"reading or writing the {self.kind} records in {self.shown}")

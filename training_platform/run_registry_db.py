@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
-from training_platform.database import connect, failure, shown
+from training_platform.database import connect, shared_state_failures, shown
 from training_platform.errors import SharedStateError
 from training_platform.identifiers import check_run_id
 from training_platform.paths import DATABASE_ENV
@@ -61,13 +60,5 @@ class DatabaseRunRegistry(RunRegistry):
         with self._failures(), connect(self.url, _METADATA).connect() as connection:
             return {run_id: spec for run_id, spec in connection.execute(query)}
 
-    @contextlib.contextmanager
-    def _failures(self) -> Iterator[None]:
-        """A database error as a SharedStateError that names the database (without its password)."""
-        try:
-            yield
-        except sa.exc.SQLAlchemyError as exc:
-            raise SharedStateError(
-                f"the run registry in {self.where} failed: {failure(exc)}; check that the database is up and "
-                "its URL is right (`deploy/team/local-stack.sh status` on the team stack)"
-            ) from None
+    def _failures(self) -> contextlib.AbstractContextManager[None]:
+        return shared_state_failures(f"the run registry in {self.where}")
