@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 import shlex
 from typing import Any
 
@@ -73,6 +74,9 @@ class KubernetesConfig(BaseModel):
     memory_per_proc_gib: int = Field(8, ge=1, description="memory (GiB) requested per worker process")
     max_restarts: int = Field(3, ge=0, description="torchrun re-rendezvous attempts after a pod is replaced")
     backoff_limit: int = Field(3, ge=0, description="failed pods (not counting disruptions) before the Job fails")
+    finished_job_ttl_seconds: int = Field(
+        86400, ge=0, description="seconds a finished Job (and its pods, ConfigMap, Service) stays for inspection"
+    )
     worker_module: str = Field("training_platform.train", description="module torchrun starts on each rank")
     home_volume_claim: str | None = Field(
         None,
@@ -82,14 +86,18 @@ class KubernetesConfig(BaseModel):
     home_mount_path: str = Field("/data/training-platform", description="where TP_HOME is mounted in pods")
 
 
-def job_name(run_id: str) -> str:
-    """A DNS-1123 name short enough for `<name>-<index>` pod hostnames (63 characters)."""
+def job_name(run_id: str, attempt: str) -> str:
+    """`tp-<run>-<attempt>`: a DNS-1123 name short enough for `<name>-<index>` pod hostnames (63 characters), and
+    new for each attempt, so that a retry, a resume or a reproduction of the run never meets an earlier Job."""
     slug = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-") or "run"
-    name = f"tp-{slug}"
-    if len(name) > 50:
-        digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
-        name = f"{name[:41].rstrip('-')}-{digest}"
-    return name
+    if len(slug) > 36:
+        slug = f"{slug[:27].rstrip('-')}-{hashlib.sha256(run_id.encode()).hexdigest()[:8]}"
+    return f"tp-{slug}-{attempt}"
+
+
+def new_attempt() -> str:
+    """A short token naming one submission of a run (its Job and the objects the Job owns)."""
+    return secrets.token_hex(3)
 
 
 def check_request(request: RunRequest, config: KubernetesConfig) -> None:
@@ -142,12 +150,13 @@ def queue_of(request: RunRequest, config: KubernetesConfig) -> str:
     return request.spec.kubernetes.queue or config.queue_template.format(team=request.spec.team)
 
 
-def render_objects(request: RunRequest, config: KubernetesConfig) -> list[dict[str, Any]]:
-    """ConfigMap (the spec), headless Service (rendezvous), NetworkPolicy and the Indexed Job.
+def render_objects(request: RunRequest, config: KubernetesConfig, attempt: str) -> list[dict[str, Any]]:
+    """ConfigMap (the spec), headless Service (rendezvous), NetworkPolicy and the Indexed Job of one attempt.
 
-    The Job comes last; the launcher creates it first, then the others owned by it."""
+    The Job comes last; the launcher creates it first, then the others owned by it, so that the Job's TTL after
+    it finishes removes them all."""
     check_request(request, config)
-    name = job_name(request.run_id)
+    name = job_name(request.run_id, attempt)
     namespace = namespace_of(request, config)
     labels = {
         "app.kubernetes.io/name": "training-platform",
@@ -210,6 +219,7 @@ def _job(request: RunRequest, config: KubernetesConfig, name: str, meta: dict[st
             # Kueue unsuspends the Job once the whole gang fits (it also suspends it on creation).
             "suspend": True,
             "backoffLimit": config.backoff_limit,
+            "ttlSecondsAfterFinished": config.finished_job_ttl_seconds,
             "podFailurePolicy": {
                 "rules": [
                     # Preemption, eviction or a reclaimed spot node is not the run's fault.

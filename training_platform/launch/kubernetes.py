@@ -19,6 +19,7 @@ from training_platform.launch.k8s_manifests import (
     KubernetesConfig,
     job_name,
     namespace_of,
+    new_attempt,
     on_demand_patch,
     queue_of,
     render_objects,
@@ -43,7 +44,8 @@ class KubernetesLauncher:
         self._api_client = api_client
 
     def plan(self, request: RunRequest) -> LaunchPlan:
-        objects = render_objects(request, self.config)
+        attempt = new_attempt()
+        objects = render_objects(request, self.config, attempt)
         job = objects[-1]
         container = job["spec"]["template"]["spec"]["containers"][0]
         return LaunchPlan(
@@ -55,7 +57,7 @@ class KubernetesLauncher:
             resources={
                 "namespace": namespace_of(request, self.config),
                 "queue": queue_of(request, self.config),
-                "job": job_name(request.run_id),
+                "job": job_name(request.run_id, attempt),
                 "nodes": request.spec.resources.nodes,
                 "procs_per_node": request.spec.resources.procs_per_node,
                 "gpus_per_node": request.spec.resources.gpus_per_node,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -100,7 +101,8 @@ def test_submit_creates_job_then_owned_configmap_service_and_network_policy(monk
     core, batch, networking = FakeCore(), FakeBatch(), FakeNetworking()
     launcher = _launcher(monkeypatch, core, batch, FakeCustom(), networking)
     handle = launcher.submit(_plan(launcher))
-    assert handle.job_id == "vision/tp-resnet-7"
+    namespace, name = handle.job_id.split("/")
+    assert namespace == "vision" and re.fullmatch(r"tp-resnet-7-[0-9a-f]{6}", name), handle.job_id
     ((namespace, job),) = batch.created
     assert namespace == "vision" and job["kind"] == "Job"
     assert [o["kind"] for o in core.created] == ["ConfigMap", "Service"]

@@ -70,7 +70,7 @@ def test_job_is_an_indexed_gang_for_kueue():
     container = pod["containers"][0]
     shell, flag, script = container["command"]
     assert (shell, flag) == ("/bin/sh", "-c")
-    name = job_name("gang")
+    name = job["metadata"]["name"]
     assert f"--rdzv-endpoint={name}-0.{name}:29500" in script
     assert "--nnodes=4 --nproc-per-node=8" in script
     assert script.endswith('-m training_platform.train "$RUN_DIR/spec.json" --run-id gang')
@@ -154,9 +154,26 @@ def test_more_gpus_per_node_than_any_node_has_is_refused():
 
 
 def test_job_names_fit_pod_hostnames():
-    name = job_name("Sweep_Trial/" + "x" * 80)
-    assert len(name) <= 50 and name.startswith("tp-sweep-trial-")
-    assert job_name("Sweep_Trial/" + "x" * 80) == name != job_name("Sweep_Trial/" + "x" * 81)
+    name = job_name("Sweep_Trial/" + "x" * 80, "a1b2c3")
+    assert len(name) <= 50 and name.startswith("tp-sweep-trial-") and name.endswith("-a1b2c3")
+    assert job_name("Sweep_Trial/" + "x" * 80, "a1b2c3") == name != job_name("Sweep_Trial/" + "x" * 81, "a1b2c3")
+
+
+def test_each_attempt_of_a_run_is_its_own_job_removed_a_while_after_it_finishes():
+    """A retry, resume or reproduction submits the run again: a fixed `tp-<run id>` met the earlier attempt's Job
+    (AlreadyExists), which nothing ever removed."""
+    first, again = _objects("resnet-7", **SPECS["cpu-1-node"]), _objects("resnet-7", **SPECS["cpu-1-node"])
+    names = {first["Job"]["metadata"]["name"], again["Job"]["metadata"]["name"]}
+    assert len(names) == 2 and all(n.startswith("tp-resnet-7-") for n in names), names
+    for objects in (first, again):
+        job_name_ = objects["Job"]["metadata"]["name"]
+        # Everything of an attempt is named by its Job: its pods find each other, and only each other.
+        assert objects["Service"]["metadata"]["name"] == job_name_
+        assert objects["ConfigMap"]["metadata"]["name"] == f"{job_name_}-spec"
+        assert objects["NetworkPolicy"]["spec"]["podSelector"]["matchLabels"] == {
+            "batch.kubernetes.io/job-name": job_name_
+        }
+        assert objects["Job"]["spec"]["ttlSecondsAfterFinished"] == KubernetesConfig().finished_job_ttl_seconds
 
 
 def test_plan_renders_without_a_cluster_or_client():
