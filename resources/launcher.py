@@ -90,10 +90,14 @@ class LauncherResource(dg.ConfigurableResource):
     ) -> JobStatus:
         """Poll until the job ends or is preempted; a backend that does not answer for a while is asked again.
 
+        A job the engine keeps through a preemption (Kueue suspends an evicted Job and admits it again) is waited
+        for until it ends, as a requeued Slurm job is: the partition materializes when the job finishes.
+
         Each time the job starts running (first, and again after a requeue) is recorded: an attempt is charged
         from when its job held its allocation, not from when it was queued (cost/attempts.py). A requeued job
         is moved to on-demand when due and released from the engine's hold (requeue.py)."""
         failures, running, ran = 0, False, False
+        kept = getattr(launcher, "keeps_preempted_jobs", False)
         while True:
             try:
                 status = launcher.status(handle)
@@ -108,7 +112,7 @@ class LauncherResource(dg.ConfigurableResource):
                     raise
                 context.log.warning(f"could not read the state of job {handle.job_id} ({exc}); asking again")
             else:
-                if status.state.finished or status.state == JobState.PREEMPTED:
+                if status.state.finished or (status.state == JobState.PREEMPTED and not kept):
                     return status
                 self._follow_requeued(context, launcher, handle, request, status)
             launcher.wait(handle, self.poll_seconds)
