@@ -1,5 +1,5 @@
-"""Small named JSON records the platform's parts share: the sweeps waiting for or running in their cost window,
-the runs waiting for theirs.
+"""Small named JSON records the platform's parts share (the sweeps waiting for or running in their cost window,
+the runs waiting for theirs), and the locks they take.
 
 On the embedded default each record is a file of the home (`<directory>/<name>.json`). On a team's deployment
 (``TP_DATABASE_URL``) the webserver, the daemon and the code server may be different machines or pods, and a
@@ -44,9 +44,9 @@ class Documents(ABC):
     def locked(self, name: str) -> contextlib.AbstractContextManager[None]:
         """The record to this process alone while the block runs (other holders wait), on whichever machine."""
 
+    @abstractmethod
     def where(self, name: str) -> str:
         """Where the record is, as a message may name it."""
-        return f"{self.kind} record {name!r}"
 
 
 def open_documents(home_root: Path, kind: str, directory: str) -> Documents:
