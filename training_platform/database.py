@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import sqlalchemy as sa
 
 from training_platform.errors import SharedStateError
+from training_platform.paths import DATABASE_ENV
 
 
 def connect(url: str, metadata: sa.MetaData) -> sa.Engine:
@@ -27,6 +28,11 @@ def connect(url: str, metadata: sa.MetaData) -> sa.Engine:
 def shown(url: str) -> str:
     """`url` as errors and logs may show it: without its password."""
     return sa.make_url(url).render_as_string(hide_password=True)
+
+
+def described(url: str) -> str:
+    """The platform's database as a message names it: its URL without the password, and the setting."""
+    return f"the platform's database {shown(url)} ({DATABASE_ENV})"
 
 
 def failure(exc: Exception) -> str:

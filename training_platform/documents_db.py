@@ -12,10 +12,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from training_platform.database import connect, shared_state_failures, shown
+from training_platform.database import connect, described, shared_state_failures
 from training_platform.documents import Documents, file_lock
 from training_platform.identifiers import check_run_id
-from training_platform.paths import DATABASE_ENV
 
 _METADATA = sa.MetaData()
 DOCUMENTS_TABLE = sa.Table(
@@ -34,7 +33,7 @@ class DatabaseDocuments(Documents):
         self.url = url
         self.kind = kind
         self.lock_dir = lock_dir  # where a database without advisory locks (SQLite: one machine) takes its locks
-        self.shown = f"the platform's database {shown(url)} ({DATABASE_ENV})"
+        self.shown = described(url)
 
     def where(self, name: str) -> str:
         return f"{self.kind} record {name!r} in {self.shown}"

@@ -7,10 +7,9 @@ from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
-from training_platform.database import connect, shared_state_failures, shown
+from training_platform.database import connect, described, shared_state_failures
 from training_platform.errors import SharedStateError
 from training_platform.identifiers import check_run_id
-from training_platform.paths import DATABASE_ENV
 from training_platform.run_registry import RunRegistry
 
 _METADATA = sa.MetaData()
@@ -28,7 +27,7 @@ RUNS_TABLE = sa.Table(
 class DatabaseRunRegistry(RunRegistry):
     def __init__(self, url: str):
         self.url = url
-        self.where = f"the platform's database {shown(url)} ({DATABASE_ENV})"
+        self.where = described(url)
 
     def add(self, run_id: str, team: str, spec_json: str, trial_json: str | None = None) -> str:
         row = {"run_id": check_run_id(run_id), "team": team, "created_at": datetime.now(UTC), "spec": spec_json,

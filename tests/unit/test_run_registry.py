@@ -64,7 +64,7 @@ def test_a_run_keeps_the_spec_it_was_registered_with(deployment):
 
 
 def test_an_unknown_run_names_where_the_registry_looked(deployment):
-    where = "platform.db" if "TP_DATABASE_URL" in __import__("os").environ else "runs"
+    where = "platform.db" if isinstance(open_run_registry(deployment), DatabaseRunRegistry) else "runs"
     with pytest.raises(SpecError, match=rf"no recorded spec in .*{where}.*tp train SPEC"):
         load_run_spec(deployment, "never-registered")
 
