@@ -17,8 +17,7 @@ import sqlalchemy as sa
 
 from training_platform.cost.accounting import LedgerQueries, matches, row_key
 from training_platform.cost.prices import CostError
-from training_platform.database import connect, failure, shown
-from training_platform.paths import DATABASE_ENV
+from training_platform.database import connect, described, failure
 
 _METADATA = sa.MetaData()
 LEDGER_TABLE = sa.Table(
@@ -36,7 +35,7 @@ _ATTEMPTS = 5  # a lost race on a key is settled by looking again; more losses m
 class DatabaseLedger(LedgerQueries):
     def __init__(self, url: str):
         self.url = url
-        self.where = shown(url)
+        self.where = described(url)
 
     def _connect(self) -> sa.Engine:
         try:
@@ -45,7 +44,7 @@ class DatabaseLedger(LedgerQueries):
             raise self._unreachable(exc) from None
 
     def _unreachable(self, exc: Exception) -> CostError:
-        return CostError(f"the cost ledger's database {self.where} ({DATABASE_ENV}) failed: {failure(exc)}")
+        return CostError(f"the cost ledger in {self.where} failed: {failure(exc)}")
 
     def record_once(self, rows: list[dict]) -> list[dict]:
         """Insert the rows whose key is not in the ledger yet; returns those written."""
