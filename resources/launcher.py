@@ -19,6 +19,7 @@ from resources.live_run import LiveRun
 from resources.pipes_reader import PipesJsonLinesReader
 from training_platform.errors import PlatformError
 from training_platform.launch import JobHandle, JobState, JobStatus, Launcher, RunRequest
+from training_platform.launch.base import keeps_preempted_jobs
 from training_platform.launch.registry import launcher_for
 from training_platform.requeue import follow_requeued
 from training_platform.runlog import RunEvents
@@ -97,7 +98,7 @@ class LauncherResource(dg.ConfigurableResource):
         from when its job held its allocation, not from when it was queued (cost/attempts.py). A requeued job
         is moved to on-demand when due and released from the engine's hold (requeue.py)."""
         failures, running, ran = 0, False, False
-        kept = getattr(launcher, "keeps_preempted_jobs", False)
+        kept = keeps_preempted_jobs(launcher)
         while True:
             try:
                 status = launcher.status(handle)

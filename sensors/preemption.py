@@ -22,6 +22,7 @@ from training_platform.cost.attempts import attempt_spans
 from training_platform.cost.charges import attempt_key, settle_spans
 from training_platform.errors import PlatformError
 from training_platform.launch import JobHandle, JobState
+from training_platform.launch.base import keeps_preempted_jobs
 from training_platform.paths import PlatformHome
 from training_platform.preemption import PreemptionSummary, Recovery, deadline_risk, decide, progress_of, summarize
 from training_platform.requeue import follow_requeued
@@ -127,7 +128,7 @@ def _recover(
         return
     run_dir = home.run_dir(run_id)
     risk = deadline_risk(spec, progress_of(run_dir, RunEvents(run_dir).read(), time.time()), summary, datetime.now(UTC))
-    decision = decide(spec, status, summary, getattr(backend, "keeps_preempted_jobs", False), risk)
+    decision = decide(spec, status, summary, keeps_preempted_jobs(backend), risk)
     if decision.action == Recovery.FOLLOW:
         try:
             done = follow_requeued(backend, handle, spec, run_dir, status)

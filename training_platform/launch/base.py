@@ -133,5 +133,11 @@ class Launcher(Protocol):
         ...
 
 
+def keeps_preempted_jobs(launcher: Launcher) -> bool:
+    """Whether the engine keeps a preempted job and runs it again itself (Kueue requeues an evicted Job): then the
+    platform follows the job instead of resubmitting it. A launcher says so with `keeps_preempted_jobs = True`."""
+    return getattr(launcher, "keeps_preempted_jobs", False)
+
+
 def python_executable() -> str:
     return sys.executable
