@@ -202,6 +202,46 @@ def test_the_stacks_credentials_appear_in_no_file_log_or_record(stack, trained, 
     assert not leaks, f"a credential of the stack is written in {leaks}"
 
 
+def _backend_pid(storage) -> int:
+    import sqlalchemy
+
+    with storage._engine.connect() as connection:  # the storage's own pool
+        return connection.execute(sqlalchemy.text("select pg_backend_pid()")).scalar()
+
+
+def test_dagster_storage_keeps_one_connection_and_a_forked_child_opens_its_own(stack):
+    """Outside the webserver Dagster connected anew for every event (a password login each); ours keeps one."""
+    import psycopg2
+
+    from training_platform_dagster.postgres_storage import EventLogStorage
+
+    url = stack.settings["TP_DAGSTER_DATABASE_URL"]
+    storage = EventLogStorage(postgres_url=url, should_autocreate_tables=False)
+    try:
+        kept = _backend_pid(storage)
+        assert _backend_pid(storage) == kept
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child must not talk over its parent's socket
+            os.write(write, str(_backend_pid(storage)).encode())
+            os._exit(0)
+        os.close(write)
+        child = int(os.read(read, 32))
+        os.waitpid(pid, 0)
+        assert child != kept
+        assert _backend_pid(storage) == kept, "the child's use broke the parent's connection"
+    finally:
+        storage.dispose()
+    plain = url.replace("postgresql+psycopg2://", "postgresql://")
+
+    def closed() -> bool:
+        with psycopg2.connect(plain) as connection, connection.cursor() as cursor:
+            cursor.execute("select count(*) from pg_stat_activity where pid = %s", (kept,))
+            return cursor.fetchone()[0] == 0
+
+    wait_until(closed, 30, "the storage's connection closed by dispose()")
+
+
 def test_postgres_restarted_while_a_run_trains_the_run_finishes_with_its_lineage_and_events(stack, tmp_path):
     spec = write_spec(
         tmp_path,
@@ -216,6 +256,10 @@ def test_postgres_restarted_while_a_run_trains_the_run_finishes_with_its_lineage
     pg_ctl = [str(next(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))), "-D", str(stack.dir / "pg")]
     as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     log = stack.dir / "log" / "postgres.log"  # without -l the postmaster would hold our captured stdout open
+    from training_platform_dagster.postgres_storage import RunStorage
+
+    opened_before = RunStorage(postgres_url=stack.settings["TP_DAGSTER_DATABASE_URL"], should_autocreate_tables=False)
+    before = _backend_pid(opened_before)
     restarted = subprocess.run(
         [*as_postgres, *pg_ctl, "-l", str(log), "-m", "fast", "-w", "restart"],
         capture_output=True,
@@ -223,6 +267,9 @@ def test_postgres_restarted_while_a_run_trains_the_run_finishes_with_its_lineage
         timeout=120,
     )
     assert restarted.returncode == 0, restarted.stderr
+    # A connection the pool kept across the restart is found dead and replaced, not handed out.
+    assert _backend_pid(opened_before) != before
+    opened_before.dispose()
     assert step_reached(platform, run_id) < 6000, "the restart came after the run ended"
     # The server answers the first requests after the restart (its pooled connections were cut).
     for _ in range(3):
