@@ -1,0 +1,151 @@
+"""A run's files through object storage, for jobs that share no disk with the Dagster side (Kubernetes pods
+without a shared home).
+
+The worker's main rank pushes what it writes into its run directory to `TP_RUN_STORE_URI` (`s3://bucket/runs`,
+or a directory), under the run's id; the Dagster side pulls it into its own copy of the run directory, where every
+reader already looks (the asset, the preemption sensor, `tp`).
+
+- Logs that only grow (the event log, the Pipes messages) are pulled by what they grew since the last pull,
+  whole lines only, appended to the local file: the Dagster side appends its own events to the same log, and
+  the Pipes reader tails its file.
+- Files written whole (the result, the preemption and pruning markers, the telemetry) replace the local copy
+  atomically when they changed.
+
+Nothing here is unpickled: every file is JSON, read by the code that reads it on a shared disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from training_platform.checkpoints.storage import Storage, open_storage
+from training_platform.documents import file_lock
+from training_platform.identifiers import check_run_id
+from training_platform.launch.base import PREEMPTED_MARKER, RESULT_FILE
+from training_platform.runlog import EVENTS_FILE
+from training_platform.sweeps.trial import PRUNED_MARKER
+from training_platform.telemetry.records import TELEMETRY_FILE
+
+RUN_STORE_ENV = "TP_RUN_STORE_URI"
+PIPES_MESSAGES_FILE = "pipes-messages.jsonl"
+GROWING = (EVENTS_FILE, PIPES_MESSAGES_FILE)
+WHOLE = (RESULT_FILE, PREEMPTED_MARKER, PRUNED_MARKER, TELEMETRY_FILE)
+PULLED_STATE = ".pulled.json"  # in the local run dir: how far each growing log was pulled, what each file was
+PULL_LOCK = ".pull.lock"  # the asset and the preemption sensor may pull the same run at once
+PUSH_SECONDS = 2.0
+
+
+def run_store_from_env() -> Storage | None:
+    uri = os.environ.get(RUN_STORE_ENV)
+    return open_storage(uri) if uri else None
+
+
+def _key(run_id: str, name: str) -> str:
+    return f"{check_run_id(run_id)}/{name}"
+
+
+@dataclass
+class RunFilesPusher:
+    """Pushes the run's files that changed since the last push; `start()` repeats it in the background."""
+
+    storage: Storage
+    run_id: str
+    run_dir: Path
+    pushed: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (size, mtime_ns) pushed
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _thread: threading.Thread | None = None
+
+    def push(self) -> list[str]:
+        """Upload each file whose size or modification time changed; the names uploaded."""
+        sent = []
+        with self._lock:  # the background pushes and the last one never upload the same file at once
+            for name in (*GROWING, *WHOLE):
+                path = self.run_dir / name
+                try:
+                    stat = path.stat()
+                    data = path.read_bytes()
+                except FileNotFoundError:
+                    continue
+                stamp = (stat.st_size, stat.st_mtime_ns)
+                if self.pushed.get(name) == stamp:
+                    continue
+                self.storage.put(_key(self.run_id, name), data, sync_parent=False)
+                self.pushed[name] = stamp
+                sent.append(name)
+        return sent
+
+    def start(self, seconds: float = PUSH_SECONDS) -> RunFilesPusher:
+        def loop() -> None:
+            while not self._stop.wait(seconds):
+                try:
+                    self.push()
+                except Exception:  # noqa: BLE001  the store down for a moment: the next push sends it all
+                    continue
+
+        self._thread = threading.Thread(target=loop, name="run-files-pusher", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the background pushes and push what changed since the last one."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.push()
+
+
+def pull(storage: Storage, run_id: str, run_dir: Path) -> list[str]:
+    """Bring the run's pushed files into `run_dir`; the names that changed."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with file_lock(run_dir / PULL_LOCK):  # two pullers would append the same lines twice
+        return _pull(storage, run_id, run_dir)
+
+
+def _pull(storage: Storage, run_id: str, run_dir: Path) -> list[str]:
+    state_path = run_dir / PULLED_STATE
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    changed = []
+    for name in GROWING:
+        offset = state.get(name, 0)
+        info = storage.stat(_key(run_id, name))
+        if info is None or info.size <= offset:
+            continue
+        grown = storage.get(_key(run_id, name))[offset:]
+        whole_lines = grown[: grown.rfind(b"\n") + 1]  # a line still being written waits for the next pull
+        if whole_lines:
+            _append(run_dir / name, whole_lines)
+            state[name] = offset + len(whole_lines)
+            changed.append(name)
+    for name in WHOLE:
+        info = storage.stat(_key(run_id, name))
+        if info is None:
+            continue
+        data = storage.get(_key(run_id, name))
+        digest = hashlib.sha256(data).hexdigest()
+        if state.get(name) == digest:
+            continue
+        staged = run_dir / f".{name}.pulling"
+        staged.write_bytes(data)
+        os.replace(staged, run_dir / name)
+        state[name] = digest
+        changed.append(name)
+    if changed:
+        staged = run_dir / f"{PULLED_STATE}.pulling"
+        staged.write_text(json.dumps(state))
+        os.replace(staged, state_path)
+    return changed
+
+
+def _append(path: Path, data: bytes) -> None:
+    # One write() with O_APPEND, as RunEvents appends: the Dagster side's own lines never land inside these.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
