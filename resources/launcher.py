@@ -19,9 +19,10 @@ from resources.live_run import LiveRun
 from resources.pipes_reader import PipesJsonLinesReader
 from training_platform.errors import PlatformError
 from training_platform.launch import JobHandle, JobState, JobStatus, Launcher, RunRequest
-from training_platform.launch.base import keeps_preempted_jobs
+from training_platform.launch.base import keeps_preempted_jobs, run_files_store
 from training_platform.launch.registry import launcher_for
 from training_platform.requeue import follow_requeued
+from training_platform.run_files import PIPES_MESSAGES_FILE, RunFilesPuller
 from training_platform.runlog import RunEvents
 
 CANCEL_WAIT_S = 30.0
@@ -53,7 +54,7 @@ class LauncherResource(dg.ConfigurableResource):
 
     def run(self, context: dg.AssetExecutionContext, request: RunRequest, backend: str | None = None) -> LaunchOutcome:
         launcher = self.launcher_for(backend or request.spec.backend or self.mode)
-        messages = request.run_dir / "pipes-messages.jsonl"
+        messages = request.run_dir / PIPES_MESSAGES_FILE
         request.write_spec()
         with dg.open_pipes_session(
             context=context,
@@ -65,13 +66,15 @@ class LauncherResource(dg.ConfigurableResource):
             context.log.info(f"launch plan:\n{plan.render()}")
             handle = launcher.submit(plan)
             events = RunEvents(request.run_dir)
+            pull = RunFilesPuller(run_files_store(launcher), request.run_id, request.run_dir)
             try:  # from here on, a terminated run takes its job with it
                 # The capacity it runs on prices its attempts (cost/charges.py); a resume may move to on-demand.
                 events.append("submitted", backend=handle.backend, job_id=handle.job_id, dagster_run_id=context.run_id,
                               spot=request.spec.resources.spot)
                 context.log.info(f"submitted {handle.backend} job {handle.job_id}")
                 live = LiveRun(context, launcher, handle, request.run_dir, request.spec.training.max_steps)
-                status = self._wait(context, launcher, handle, live, request, events)
+                status = self._wait(context, launcher, handle, live, request, events, pull)
+                pull(final=True)  # what the job pushed as it ended: its result, its last events and messages
                 live.poll(final=True)
             except TERMINATED:
                 self._cancel(context, launcher, handle, events)
@@ -88,6 +91,7 @@ class LauncherResource(dg.ConfigurableResource):
         live: LiveRun,
         request: RunRequest,
         events: RunEvents,
+        pull: RunFilesPuller,
     ) -> JobStatus:
         """Poll until the job ends or is preempted; a backend that does not answer for a while is asked again.
 
@@ -117,6 +121,7 @@ class LauncherResource(dg.ConfigurableResource):
                     return status
                 self._follow_requeued(context, launcher, handle, request, status)
             launcher.wait(handle, self.poll_seconds)
+            pull()
             live.poll()
 
     @staticmethod

@@ -25,13 +25,14 @@ from pathlib import Path
 
 from training_platform.checkpoints.storage import Storage, open_storage
 from training_platform.documents import file_lock
+from training_platform.errors import CheckpointError
 from training_platform.identifiers import check_run_id
 from training_platform.launch.base import PREEMPTED_MARKER, RESULT_FILE
+from training_platform.paths import RUN_STORE_ENV
 from training_platform.runlog import EVENTS_FILE
 from training_platform.sweeps.trial import PRUNED_MARKER
 from training_platform.telemetry.records import TELEMETRY_FILE
 
-RUN_STORE_ENV = "TP_RUN_STORE_URI"
 PIPES_MESSAGES_FILE = "pipes-messages.jsonl"
 GROWING = (EVENTS_FILE, PIPES_MESSAGES_FILE)
 WHOLE = (RESULT_FILE, PREEMPTED_MARKER, PRUNED_MARKER, TELEMETRY_FILE)
@@ -100,21 +101,42 @@ class RunFilesPusher:
         self.push()
 
 
-def pull(storage: Storage, run_id: str, run_dir: Path) -> list[str]:
-    """Bring the run's pushed files into `run_dir`; the names that changed."""
+class RunFilesPuller:
+    """The Dagster side's pull of one run, called at each poll of its job: a store down for a moment is asked
+    again at the next poll; the last pull (`final=True`, once the job ended) must succeed."""
+
+    def __init__(self, storage: Storage | None, run_id: str, run_dir: Path):
+        self.storage, self.run_id, self.run_dir = storage, run_id, run_dir
+
+    def __call__(self, final: bool = False) -> list[str]:
+        if self.storage is None:  # a shared disk: the job wrote into this very run directory
+            return []
+        try:
+            return pull(self.storage, self.run_id, self.run_dir, final=final)
+        except CheckpointError:
+            if final:
+                raise
+            return []
+
+
+def pull(storage: Storage, run_id: str, run_dir: Path, *, final: bool = False) -> list[str]:
+    """Bring the run's pushed files into `run_dir`; the names that changed. One listing finds what changed;
+    `final` also reads every whole file again (the store's times may not tell two pushes in a second apart)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with file_lock(run_dir / PULL_LOCK):  # two pullers would append the same lines twice
-        return _pull(storage, run_id, run_dir)
+        return _pull(storage, run_id, run_dir, final)
 
 
-def _pull(storage: Storage, run_id: str, run_dir: Path) -> list[str]:
+def _pull(storage: Storage, run_id: str, run_dir: Path, final: bool) -> list[str]:
     state_path = run_dir / PULLED_STATE
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    before = dict(state)
+    prefix = _key(run_id, "")
+    listed = {info.key.removeprefix(prefix): info for info in storage.list_info(prefix)}
     changed = []
     for name in GROWING:
         offset = state.get(name, 0)
-        info = storage.stat(_key(run_id, name))
-        if info is None or info.size <= offset:
+        if name not in listed or listed[name].size <= offset:
             continue
         grown = storage.get(_key(run_id, name))[offset:]
         whole_lines = grown[: grown.rfind(b"\n") + 1]  # a line still being written waits for the next pull
@@ -123,19 +145,22 @@ def _pull(storage: Storage, run_id: str, run_dir: Path) -> list[str]:
             state[name] = offset + len(whole_lines)
             changed.append(name)
     for name in WHOLE:
-        info = storage.stat(_key(run_id, name))
+        info = listed.get(name)
         if info is None:
+            continue
+        seen = [info.size, info.modified]
+        if not final and state.get(f"{name}:listed") == seen:
             continue
         data = storage.get(_key(run_id, name))
         digest = hashlib.sha256(data).hexdigest()
-        if state.get(name) == digest:
-            continue
-        staged = run_dir / f".{name}.pulling"
-        staged.write_bytes(data)
-        os.replace(staged, run_dir / name)
-        state[name] = digest
-        changed.append(name)
-    if changed:
+        state[f"{name}:listed"] = seen
+        if state.get(name) != digest:
+            staged = run_dir / f".{name}.pulling"
+            staged.write_bytes(data)
+            os.replace(staged, run_dir / name)
+            state[name] = digest
+            changed.append(name)
+    if state != before:
         staged = run_dir / f"{PULLED_STATE}.pulling"
         staged.write_text(json.dumps(state))
         os.replace(staged, state_path)

@@ -70,13 +70,15 @@ def _wait(launcher: _Replay, tmp_path) -> str:
 
     from resources.launcher import LauncherResource
     from training_platform.launch.base import JobHandle, RunRequest
+    from training_platform.run_files import RunFilesPuller
     from training_platform.runlog import RunEvents
 
     log = SimpleNamespace(warning=lambda *_: None, debug=lambda *_: None, info=lambda *_: None)
     request = RunRequest(spec=SPEC, run_id="resnet-0007", run_dir=tmp_path)
     live = SimpleNamespace(poll=lambda final=False: None)
     status = LauncherResource()._wait(SimpleNamespace(log=log), launcher, JobHandle("k8s", "vision/tp-resnet-0007",
-                                      "resnet-0007"), live, request, RunEvents(tmp_path))
+                                      "resnet-0007"), live, request, RunEvents(tmp_path),
+                                      RunFilesPuller(None, "resnet-0007", tmp_path))
     return status.state.value
 
 

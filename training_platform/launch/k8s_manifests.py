@@ -11,6 +11,7 @@ re-rendezvous and every worker resumes from the newest checkpoint.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import secrets
 import shlex
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from training_platform.errors import SpecError
 from training_platform.launch.base import AGENT_MODULE, RunRequest
+from training_platform.paths import RUN_STORE_ENV
 from training_platform.redaction import Redactor
 from training_platform.spec import ResourceRequest, TrainSpec
 
@@ -84,6 +86,16 @@ class KubernetesConfig(BaseModel):
         "default: a per-pod emptyDir, with checkpoints going to the spec's s3:// store",
     )
     home_mount_path: str = Field("/data/training-platform", description="where TP_HOME is mounted in pods")
+    run_store_uri: str | None = Field(
+        default_factory=lambda: os.environ.get(RUN_STORE_ENV) or None,
+        description="where pods without a shared home push their run's files (events, result, Pipes messages) "
+        "for the Dagster side to pull: s3://bucket/runs; default: TP_RUN_STORE_URI",
+    )
+
+    @property
+    def pushes_run_files(self) -> bool:
+        """Whether pods hand their run's files over through the run store (they share no home with Dagster)."""
+        return self.home_volume_claim is None
 
 
 def job_name(run_id: str, attempt: str) -> str:
@@ -265,6 +277,8 @@ def _pod_template(request: RunRequest, config: KubernetesConfig, name: str, meta
     command = ["/bin/sh", "-c", script]
     home = config.home_mount_path
     env_vars = {**request.env, "TP_HOME": home, "RUN_DIR": f"{home}/runs/{request.run_id}"}
+    if config.pushes_run_files and config.run_store_uri:
+        env_vars[RUN_STORE_ENV] = config.run_store_uri
     env = [{"name": key, "value": value} for key, value in sorted(env_vars.items())]
     container: dict[str, Any] = {
         "name": "trainer",

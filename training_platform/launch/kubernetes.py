@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from training_platform.checkpoints.storage import Storage, open_storage
 from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import JobHandle, JobStatus, LaunchPlan, RunRequest
 from training_platform.launch.k8s_manifests import (
@@ -25,6 +26,7 @@ from training_platform.launch.k8s_manifests import (
     render_objects,
 )
 from training_platform.launch.k8s_status import job_status
+from training_platform.paths import RUN_STORE_ENV
 from training_platform.spec import TrainSpec
 
 KUEUE_GROUP = "kueue.x-k8s.io"
@@ -42,6 +44,14 @@ class KubernetesLauncher:
     def __init__(self, config: KubernetesConfig | None = None, api_client: Any = None) -> None:
         self.config = config or KubernetesConfig()
         self._api_client = api_client
+
+    @property
+    def run_store(self) -> Storage | None:
+        """Where the pods push their run's files for the Dagster side to pull (run_files.py); None with a shared
+        home, where both sides read the same run directory."""
+        if not self.config.pushes_run_files or not self.config.run_store_uri:
+            return None
+        return open_storage(self.config.run_store_uri)
 
     def plan(self, request: RunRequest) -> LaunchPlan:
         attempt = new_attempt()
@@ -110,8 +120,17 @@ class KubernetesLauncher:
             ) from None
 
     def check(self, plan: LaunchPlan) -> None:
-        """Refuse (SpecError) a plan whose LocalQueue does not exist in its namespace."""
+        """Refuse a plan whose pods could not hand their files over (LaunchError), or whose LocalQueue does not
+        exist in its namespace (SpecError)."""
         from kubernetes.client.exceptions import ApiException
+
+        if self.config.pushes_run_files and not self.config.run_store_uri:
+            # A pod's emptyDir home is its own: its result, events and Pipes messages would never reach Dagster.
+            raise LaunchError(
+                f"Kubernetes pods share no home with the Dagster side: set {RUN_STORE_ENV} (for example "
+                "s3://<bucket>/runs, with the bucket's credentials the checkpoint store uses) so that pods hand "
+                "their run's files over, or mount a ReadWriteMany home (KubernetesConfig.home_volume_claim)"
+            )
 
         _, _, custom = self._apis()
         namespace, queue = plan.resources["namespace"], plan.resources["queue"]

@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("training_platform.worker")
@@ -37,7 +38,7 @@ PIPES_PROGRESS_SECONDS = 10.0
 
 
 class Reporter:
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, run_dir: Path | None = None, run_id: str | None = None):
         self.enabled = enabled
         self._stack = contextlib.ExitStack()
         self._pipes = None
@@ -56,11 +57,14 @@ class Reporter:
         if not enabled:
             return
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+        # Entered first, so that its last push comes after Pipes closed: the messages file is complete then.
+        messages = _push_run_files(self._stack, run_dir, run_id)
         # Checked before importing: a worker started outside Dagster needs no dagster-pipes.
         if os.environ.get(PIPES_CONTEXT_ENV_VAR):
             from dagster_pipes import open_dagster_pipes
 
-            self._pipes = self._stack.enter_context(open_dagster_pipes())
+            params = _messages_into(messages) if messages else None
+            self._pipes = self._stack.enter_context(open_dagster_pipes(params_loader=params))
         if self.mlflow_run_id:
             from mlflow.tracking import MlflowClient
 
@@ -208,6 +212,31 @@ class Reporter:
             self._flush()
         finally:
             self._stack.__exit__(type(exc), exc, exc.__traceback__)
+
+
+def _push_run_files(stack: contextlib.ExitStack, run_dir: Path | None, run_id: str | None) -> Path | None:
+    """Push the run directory to the run store until the stack closes, where one is set; then the Pipes messages
+    file to write (in the run directory, pushed with the rest)."""
+    from training_platform.run_files import PIPES_MESSAGES_FILE, RunFilesPusher, run_store_from_env
+
+    storage = run_store_from_env()
+    if storage is None or run_dir is None or run_id is None:
+        return None
+    pusher = RunFilesPusher(storage, run_id, run_dir).start()
+    stack.callback(pusher.close)
+    return run_dir / PIPES_MESSAGES_FILE
+
+
+def _messages_into(path: Path) -> Any:
+    """Pipes' parameters with the messages file moved into this job's run directory: the path Dagster gave is
+    on its own disk, which a pod does not have."""
+    from dagster_pipes import PipesDefaultMessageWriter, PipesEnvVarParamsLoader
+
+    class MessagesInto(PipesEnvVarParamsLoader):  # here: dagster_pipes is imported only where Pipes is open
+        def load_messages_params(self) -> dict[str, Any]:
+            return {**super().load_messages_params(), PipesDefaultMessageWriter.FILE_PATH_KEY: str(path)}
+
+    return MessagesInto()
 
 
 def _now_ms() -> int:

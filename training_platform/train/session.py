@@ -77,7 +77,7 @@ class TrainingSession:
             run_dir=spec_path.parent,
             home=PlatformHome.from_env(),
             dist=info,
-            reporter=Reporter(enabled=info.is_main),
+            reporter=Reporter(enabled=info.is_main, run_dir=spec_path.parent, run_id=run_id),
         )
         session.take_signals()
         TrainingSession.current = session

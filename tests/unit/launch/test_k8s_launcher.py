@@ -13,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import JobHandle, JobState, RunRequest
+from training_platform.launch.k8s_manifests import KubernetesConfig
 from training_platform.launch.kubernetes import KubernetesLauncher
 from training_platform.spec import parse_spec
 
@@ -85,8 +86,11 @@ class FakeNetworking:
         self.created.append((namespace, body))
 
 
-def _launcher(monkeypatch, core, batch, custom, networking=None) -> KubernetesLauncher:
-    launcher = KubernetesLauncher(api_client=ApiClient())
+RUN_STORE = "s3://training-platform/runs"
+
+
+def _launcher(monkeypatch, core, batch, custom, networking=None, **config) -> KubernetesLauncher:
+    launcher = KubernetesLauncher(KubernetesConfig(**{"run_store_uri": RUN_STORE, **config}), api_client=ApiClient())
     monkeypatch.setattr(launcher, "_apis", lambda: (core, batch, custom))
     monkeypatch.setattr(launcher, "_networking", lambda: networking or FakeNetworking())
     return launcher
@@ -110,6 +114,28 @@ def test_submit_creates_job_then_owned_configmap_service_and_network_policy(monk
     assert namespace == "vision" and policy["kind"] == "NetworkPolicy"
     for obj in [*core.created, policy]:
         assert obj["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_pods_hand_their_run_files_over_through_the_run_store_unless_the_home_is_shared(monkeypatch):
+    launcher = _launcher(monkeypatch, FakeCore(), FakeBatch(), FakeCustom())
+    (job,) = [o for o in yaml.safe_load_all(_plan(launcher).files["manifests.yaml"]) if o["kind"] == "Job"]
+    env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["TP_RUN_STORE_URI"] == RUN_STORE
+    assert launcher.run_store.uri == RUN_STORE
+
+    shared = _launcher(monkeypatch, FakeCore(), FakeBatch(), FakeCustom(), home_volume_claim="training-home")
+    (job,) = [o for o in yaml.safe_load_all(_plan(shared).files["manifests.yaml"]) if o["kind"] == "Job"]
+    assert "TP_RUN_STORE_URI" not in {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert shared.run_store is None  # one run directory, read by both sides
+
+
+def test_a_pod_with_no_shared_home_and_no_run_store_is_refused_before_anything_is_created(monkeypatch):
+    monkeypatch.delenv("TP_RUN_STORE_URI", raising=False)
+    batch = FakeBatch()
+    launcher = _launcher(monkeypatch, FakeCore(), batch, FakeCustom(), run_store_uri=None)
+    with pytest.raises(LaunchError, match=r"share no home with the Dagster side: set TP_RUN_STORE_URI .*home_volume"):
+        launcher.submit(_plan(launcher))
+    assert batch.created == []
 
 
 def test_unknown_queue_is_refused_before_anything_is_created(monkeypatch):
