@@ -2,8 +2,8 @@
 
 Dagster opens a new connection for every use outside the webserver (a `NullPool`). Over a password login (SCRAM,
 as a team's database asks) that costs a few milliseconds of CPU each, and a run worker stores a hundred events
-per run: about 1.5 s of a run's 12 s on two cores. Here every process keeps one connection per storage (more
-while threads need them at once, closed on return), tests it before handing it out (SQLAlchemy's pre-ping: one
+per run: about 1.5 s of a run's 12 s on two cores. Here every process keeps one connection per storage (threads
+that need more at once get them, closed on return), tests it before handing it out (SQLAlchemy's pre-ping: one
 round trip) and reconnects when it is dead, as after a PostgreSQL restart. A connection opened before a fork is
 never handed out in the child. The webserver keeps Dagster's own pool (`optimize_for_webserver`), with pre-ping
 too: without it `tp` saw "server closed the connection unexpectedly" once per storage after every restart.
@@ -20,8 +20,9 @@ import sqlalchemy
 from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, PostgresScheduleStorage
 from dagster_postgres.utils import create_pg_engine, get_token_provider_from_config, pg_url_from_config
 
-# Connections beyond the one kept open, for threads that store at the same time (closed when returned).
-MAX_OVERFLOW = 8
+# Connections beyond the one kept open, for threads that store at the same time, are opened as Dagster's own
+# NullPool opens them (no limit: a daemon's threads never wait on the pool) and closed when returned.
+UNLIMITED_OVERFLOW = -1
 RECYCLE_SECONDS = 3600
 
 
@@ -32,7 +33,7 @@ def pooled_engine(postgres_url: str, token_provider: Any) -> sqlalchemy.engine.E
         token_provider,
         isolation_level="AUTOCOMMIT",
         pool_size=1,
-        max_overflow=MAX_OVERFLOW,
+        max_overflow=UNLIMITED_OVERFLOW,
         pool_pre_ping=True,
         pool_recycle=RECYCLE_SECONDS,
     )
