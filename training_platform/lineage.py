@@ -89,12 +89,18 @@ class LineageKey:
             environment_lock_hash=environment_lock_hash(),
             seed=spec.training.seed,
             backend=spec.backend,
-            script_sha256=_file_sha256(spec.entrypoint.script) if spec.entrypoint and spec.entrypoint.script else None,
+            script_sha256=_script_sha256(spec),
         )
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def _file_sha256(path: str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+def _script_sha256(spec: TrainSpec) -> str | None:
+    """The hash of the script the run's jobs run: the text shipped with the spec, else the file's."""
+    entrypoint = spec.entrypoint
+    if entrypoint is None or entrypoint.script is None:
+        return None
+    if entrypoint.code is not None:
+        return entrypoint.code.sha256
+    return hashlib.sha256(Path(entrypoint.script).read_bytes()).hexdigest()

@@ -200,17 +200,47 @@ class CheckpointSpec(_Strict):
         return value
 
 
+MAX_SCRIPT_BYTES = 256 << 10  # shipped inside the spec: a Kubernetes ConfigMap holds at most 1 MiB
+
+
+class ScriptCode(_Strict):
+    """The script's text, which travels with the run's spec: to a server on another machine, into the run
+    registry, and to every job (a pod's ConfigMap), so the run needs no path that only the submitter can read."""
+
+    sha256: str = Field(..., pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the script's UTF-8 text")
+    text: str = Field(..., description=f"the script (at most {MAX_SCRIPT_BYTES >> 10} KiB)")
+
+    @model_validator(mode="after")
+    def _matches(self) -> ScriptCode:
+        data = self.text.encode()
+        if len(data) > MAX_SCRIPT_BYTES:
+            raise ValueError(
+                f"the script is {len(data) >> 10} KiB; a script shipped with its run is at most "
+                f"{MAX_SCRIPT_BYTES >> 10} KiB: build larger code into the image and run it with entrypoint.module"
+            )
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise ValueError("sha256 is not the SHA-256 of text; let tp fill entrypoint.code from entrypoint.script")
+        return self
+
+
 class EntrypointSpec(_Strict):
     """The user's own training code, run under torchrun/srun/Kubernetes exactly like a template."""
 
     script: str | None = Field(None, description="path to the user's train.py (relative to the spec file)")
     module: str | None = Field(None, description="a module to run with -m instead of a script, e.g. pkg.train")
     args: list[str] = Field(default_factory=list, description="arguments passed to the script or module")
+    code: ScriptCode | None = Field(
+        None,
+        description="filled by tp from entrypoint.script: the script's text and hash, run wherever the file is not "
+        "(one file: modules beside it are importable only where the script's own directory is)",
+    )
 
     @model_validator(mode="after")
     def _one_of(self) -> EntrypointSpec:
         if (self.script is None) == (self.module is None):
             raise ValueError("set exactly one of entrypoint.script or entrypoint.module")
+        if self.code is not None and self.script is None:
+            raise ValueError("entrypoint.code comes with entrypoint.script only")
         return self
 
 
@@ -375,12 +405,28 @@ def load_spec(path: str | Path) -> TrainSpec:
     """Read a YAML (or JSON) spec file and validate it."""
     path = Path(path)
     spec = parse_spec(read_yaml_file(path, "spec"), source=str(path))
-    script = spec.entrypoint.script if spec.entrypoint else None
-    if script and not Path(script).is_absolute():
-        # Scripts are named relative to the spec that names them, wherever `tp` runs from.
-        resolved = str((path.parent / script).resolve())
-        spec = spec.model_copy(update={"entrypoint": spec.entrypoint.model_copy(update={"script": resolved})})
-    return spec
+    return with_script_code(spec, path.parent)
+
+
+def with_script_code(spec: TrainSpec, base: Path) -> TrainSpec:
+    """The spec with its script's path resolved against `base` (the directory of the file that names it) and
+    the script's text beside it (entrypoint.code), read here, where the file is."""
+    entrypoint = spec.entrypoint
+    if entrypoint is None or entrypoint.script is None:
+        return spec
+    # Scripts are named relative to the spec that names them, wherever `tp` runs from.
+    script = Path(entrypoint.script) if Path(entrypoint.script).is_absolute() else (base / entrypoint.script).resolve()
+    update: dict[str, Any] = {"script": str(script)}
+    if script.is_file():  # a missing script is refused by the preflight, with its fix
+        try:
+            text = script.read_bytes().decode("utf-8")  # no newline translation: the hash is the file's
+        except UnicodeDecodeError:
+            raise SpecError(f"entrypoint.script: {script} is not UTF-8 text; name a Python script") from None
+        try:
+            update["code"] = ScriptCode(sha256=hashlib.sha256(text.encode()).hexdigest(), text=text)
+        except ValidationError as exc:
+            raise SpecError(format_validation_error(exc, ScriptCode, f"entrypoint.script {script}")) from None
+    return spec.model_copy(update={"entrypoint": entrypoint.model_copy(update=update)})
 
 
 def format_validation_error(exc: ValidationError, model: type[BaseModel], source: str) -> str:

@@ -112,7 +112,8 @@ def spec_params(spec: TrainSpec) -> dict[str, str]:
         else:
             flat[prefix] = redactor.text(str(node))
 
-    walk("", spec.model_dump(mode="json"))
+    # A user's script is its hash here (entrypoint.code.sha256): its text would pass MLflow's limit on a value.
+    walk("", spec.model_dump(mode="json", exclude={"entrypoint": {"code": {"text"}}}))
     return flat
 
 

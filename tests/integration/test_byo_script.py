@@ -105,3 +105,25 @@ def test_user_script_through_tp_train_reaches_mlflow_and_dagster(user_dir, platf
     assert (
         run.data.tags["script_sha256"] == __import__("hashlib").sha256((user_dir / "train.py").read_bytes()).hexdigest()
     )
+
+
+def test_a_script_gone_from_the_submitters_disk_still_runs_as_submitted(user_dir, platform, tmp_path):
+    """The server runs the text `tp` read at submission: a server on another machine never had the file."""
+    from tests.fixtures.worker import wait_until
+    from tests.integration.server.runs import detach, run_row
+
+    laptop = tmp_path / "laptop"
+    shutil.copytree(user_dir, laptop)
+    run_id = detach(platform, laptop / "spec.yaml")
+    shutil.rmtree(laptop)  # before the run starts: nothing of it is left on the submitter's side
+    row = wait_until(
+        lambda: (r := run_row(platform, run_id)) and r["state"] in ("SUCCEEDED", "FAILED", "CANCELED") and r,
+        600,
+        f"run {run_id} to end",
+        poll=1.0,
+    )
+    assert row["state"] == "SUCCEEDED", server_logs(platform.home)
+    shipped = next((platform.home / "runs" / run_id / "code").glob("*/train.py"))
+    assert shipped.read_bytes() == (user_dir / "train.py").read_bytes()
+    result = json.loads((platform.home / "runs" / run_id / "result.json").read_text())
+    assert result["final_step"] == 120

@@ -9,7 +9,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from training_platform.errors import SpecError
-from training_platform.spec import _SLUG, TrainSpec, format_validation_error, parse_spec, read_yaml_file
+from training_platform.spec import (
+    _SLUG,
+    TrainSpec,
+    format_validation_error,
+    parse_spec,
+    read_yaml_file,
+    with_script_code,
+)
 
 
 class _Strict(BaseModel):
@@ -170,5 +177,12 @@ def parse_sweep(data: Any, source: str = "sweep") -> SweepSpec:
 
 
 def load_sweep(path: str | Path) -> SweepSpec:
+    """Read a sweep file; a base spec's script is resolved against the file and its text shipped with the sweep."""
     path = Path(path)
-    return parse_sweep(read_yaml_file(path, "sweep"), source=str(path))
+    sweep = parse_sweep(read_yaml_file(path, "sweep"), source=str(path))
+    base = sweep.base_spec
+    shipped = with_script_code(base, path.parent)
+    if shipped is base:
+        return sweep
+    entrypoint = shipped.entrypoint.model_dump(mode="json", exclude_none=True)
+    return sweep.model_copy(update={"base": {**sweep.base, "entrypoint": entrypoint}})

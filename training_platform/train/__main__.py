@@ -7,12 +7,15 @@ the same session through `TrainingSession.start()`: launchers never need to know
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import os
 import runpy
 import sys
+from pathlib import Path
 
-from training_platform.spec import parse_spec
+from training_platform.spec import EntrypointSpec, parse_spec
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,9 +31,10 @@ def main(argv: list[str] | None = None) -> None:
         if entrypoint is None:
             run_template()
         elif entrypoint.script:
-            sys.argv = [entrypoint.script, *entrypoint.args]
-            sys.path.insert(0, os.path.dirname(entrypoint.script))
-            runpy.run_path(entrypoint.script, run_name="__main__")
+            script = script_to_run(entrypoint, Path(args.spec).parent)
+            sys.argv = [script, *entrypoint.args]
+            sys.path.insert(0, os.path.dirname(script))
+            runpy.run_path(script, run_name="__main__")
         else:
             sys.argv = [entrypoint.module, *entrypoint.args]
             runpy.run_module(entrypoint.module, run_name="__main__", alter_sys=True)
@@ -42,6 +46,26 @@ def main(argv: list[str] | None = None) -> None:
         session = _current_session()
         if session is not None:
             session.reporter.flush_metrics()
+
+
+def script_to_run(entrypoint: EntrypointSpec, run_dir: Path) -> str:
+    """The file to run: the script where the spec names it, when that file holds the text shipped with the spec
+    (the modules beside it import as before); else the shipped text, written into the run directory (a pod, or
+    a machine that never had the file)."""
+    code, named = entrypoint.code, Path(entrypoint.script or "")
+    if code is None:
+        return str(named)
+    with contextlib.suppress(OSError):
+        if hashlib.sha256(named.read_bytes()).hexdigest() == code.sha256:
+            return str(named)
+    name = named.name if named.name.endswith(".py") else "script.py"
+    shipped = run_dir / "code" / code.sha256 / name
+    if not shipped.is_file():  # every rank of the node may write it: the same bytes, staged and renamed
+        shipped.parent.mkdir(parents=True, exist_ok=True)
+        staged = shipped.with_name(f".{name}.{os.getpid()}")
+        staged.write_bytes(code.text.encode())
+        os.replace(staged, shipped)
+    return str(shipped)
 
 
 def run_template() -> None:

@@ -192,3 +192,17 @@ def test_an_evicted_spot_job_is_moved_to_on_demand_nodes_while_suspended(monkeyp
     (term,) = affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert term["matchExpressions"][0]["operator"] == "NotIn" and term["matchExpressions"][0]["values"] == ["spot"]
     assert affinity["preferredDuringSchedulingIgnoredDuringExecution"] is None  # the spot preference removed
+
+
+def test_a_users_script_reaches_the_pod_inside_its_specs_configmap(monkeypatch, tmp_path):
+    from training_platform.spec import with_script_code
+
+    (tmp_path / "train.py").write_text("print('my own loop')\n")
+    launcher = _launcher(monkeypatch, FakeCore(), FakeBatch(), FakeCustom())
+    spec = with_script_code(
+        parse_spec({"name": "own", "team": "vision", "owner": "ada", "entrypoint": {"script": "train.py"}}), tmp_path
+    )
+    plan = launcher.plan(RunRequest(spec=spec, run_id="own-1", run_dir=Path("/runs/own-1")))
+    (config_map,) = [o for o in yaml.safe_load_all(plan.files["manifests.yaml"]) if o["kind"] == "ConfigMap"]
+    shipped = parse_spec(yaml.safe_load(config_map["data"]["spec.json"])).entrypoint.code
+    assert shipped.text == "print('my own loop')\n" and shipped == spec.entrypoint.code
