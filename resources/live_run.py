@@ -1,4 +1,5 @@
-"""What users see of a run while it trains: its progress as run tags, the worker's log on the run's stdout.
+"""What users and schedulers see of a run while it trains: its progress as run tags, the worker's log on the
+run's stdout, and its last durable checkpoint on the job itself (durable_checkpoint.py).
 
 The tags (`tp/step`, `tp/max_steps`, `tp/metrics`, `tp/cost_usd`) show in the UI's run list and let
 `tp train`, `tp runs` and `tp logs` follow a run through the server's API alone. The worker's log
@@ -13,7 +14,9 @@ import time
 
 import dagster as dg
 
+from training_platform.durable_checkpoint import DurableCheckpoint, newest_checkpoint
 from training_platform.launch import JobHandle, Launcher
+from training_platform.runlog import RunEvents
 from training_platform.telemetry.records import read_telemetry
 
 # Throughput figures stay in MLflow and the run's telemetry: the tag shows what a run is learning.
@@ -30,6 +33,9 @@ class LiveRun:
         self.run_dir = run_dir
         self._tags: dict[str, str] = {}
         self._tags_at = self._log_at = time.monotonic()
+        self._events, self._events_read = RunEvents(run_dir), 0
+        self._checkpoint: DurableCheckpoint | None = None  # the newest one seen; published once that succeeded
+        self._published: DurableCheckpoint | None = None
         # The log of a local or Slurm job is appended to by every attempt: echo this attempt's part only.
         self._echoed = len(self._log() or "")
         self._guarded(self._publish, {"tp/max_steps": str(max_steps)})
@@ -43,6 +49,7 @@ class LiveRun:
         if final or now - self._log_at >= LOG_EVERY_S:
             self._log_at = now
             self._guarded(self._echo_log)
+        self._guarded(self._publish_checkpoint)
 
     def _guarded(self, publish, *args) -> None:
         """A view of the run must never stop the run: what fails now is published at the next poll."""
@@ -66,6 +73,17 @@ class LiveRun:
     def _publish(self, tags: dict[str, str]) -> None:
         self.context.instance.add_run_tags(self.context.run_id, tags)
         self._tags.update(tags)
+
+    def _publish_checkpoint(self) -> None:
+        """Each new durable checkpoint onto the job (a Slurm comment, Job annotations), where the launcher can."""
+        publish = getattr(self.launcher, "publish_checkpoint", None)
+        if publish is None:
+            return
+        events, self._events_read = self._events.read_from(self._events_read)
+        self._checkpoint = newest_checkpoint(events) or self._checkpoint
+        if self._checkpoint is not None and self._checkpoint != self._published:
+            publish(self.handle, self._checkpoint)
+            self._published = self._checkpoint
 
     def _echo_log(self) -> None:
         text = self._log()

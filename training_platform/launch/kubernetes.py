@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from training_platform.checkpoints.storage import Storage, open_storage
+from training_platform.durable_checkpoint import DurableCheckpoint
 from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import JobHandle, JobStatus, LaunchPlan, RunRequest
 from training_platform.launch.k8s_manifests import (
@@ -210,6 +211,13 @@ class KubernetesLauncher:
         except ApiException as exc:
             if exc.status != 404:
                 raise LaunchError(f"could not delete Job {handle.job_id}: HTTP {exc.status} {exc.body}") from None
+
+    def publish_checkpoint(self, handle: JobHandle, checkpoint: DurableCheckpoint) -> None:
+        """The Job's annotations name its last durable checkpoint, for Kueue's and the operators' eyes."""
+        _, batch, _ = self._apis()
+        namespace, name = handle.job_id.split("/", 1)
+        body = {"metadata": {"annotations": checkpoint.job_annotations()}}
+        self._call("annotate the Job", batch.patch_namespaced_job, name, namespace, body)
 
     def move_to_on_demand(self, handle: JobHandle, spec: TrainSpec) -> str | None:
         """A Job Kueue evicted is suspended until readmitted: patch its pods onto on-demand nodes meanwhile.

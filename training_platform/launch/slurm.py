@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from training_platform.durable_checkpoint import DurableCheckpoint
 from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import (
     AGENT_MODULE,
@@ -188,6 +189,13 @@ class SlurmLauncher:
 
     def cancel(self, handle: JobHandle) -> None:
         self.commands.run(["scancel", handle.job_id])
+
+    def publish_checkpoint(self, handle: JobHandle, checkpoint: DurableCheckpoint) -> None:
+        """The job's comment names its last durable checkpoint: what `squeue -o %k` and operators read."""
+        command = ["scontrol", "update", f"JobId={handle.job_id}", f"Comment={checkpoint.slurm_comment()}"]
+        result = self.commands.run(command, check=False)
+        if result.returncode != 0:
+            raise LaunchError(f"could not set the comment of Slurm job {handle.job_id}: {result.stderr.strip()}")
 
     def move_to_on_demand(self, handle: JobHandle, spec: TrainSpec) -> str | None:
         """A requeued job waits in the queue: its next attempt runs in the on-demand partition."""

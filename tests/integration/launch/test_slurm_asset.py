@@ -2,6 +2,7 @@
 restarting at once (no requeue hold), the second moving the run to on-demand."""
 
 import json
+import re
 import threading
 
 import dagster as dg
@@ -99,6 +100,10 @@ def test_training_run_on_slurm_survives_two_preemptions_and_matches_local(instan
     assert "2 preemptions on spot" in moved["reason"]
     job = slurm_cluster.run("scontrol", "show", "job", "-o", moved["job_id"]).stdout
     assert "Partition=ondemand" in job, job
+    # The job's comment names a durable checkpoint of the run (each new one was published while it ran).
+    published = re.search(r"Comment=tp-checkpoint:step=(\d+);saved_at=\d{4}-\d\d-\d\dT[\d:]+Z", job)
+    assert published, job
+    assert int(published.group(1)) in {e["step"] for e in events.read() if e["kind"] == "checkpoint"}
 
     result = box["result"]
     assert result.success

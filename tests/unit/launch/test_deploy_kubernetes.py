@@ -112,6 +112,26 @@ def test_launcher_defaults_name_objects_that_exist():
     assert set(config.topology_levels.values()) <= set(levels)
 
 
+_API_CALL = re.compile(r"\b(batch|core|networking)\.(create|read|list|patch|delete)_namespaced_(\w+)")
+_CUSTOM_CALL = re.compile(
+    r"custom\.(get|list)_namespaced_custom_object" r'\W+KUEUE_GROUP\W+KUEUE_VERSION\W+\w+\W+"(\w+)"'
+)
+_GROUPS = {"batch": "batch", "core": "", "networking": "networking.k8s.io"}
+_RESOURCES = {"job": "jobs", "config_map": "configmaps", "service": "services", "network_policy": "networkpolicies",
+              "pod": "pods", "pod_log": "pods/log"}
+
+
+def _launcher_api_calls() -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) of every call the Kubernetes launcher makes, read from its source."""
+    source = (ROOT / "training_platform" / "launch" / "kubernetes.py").read_text()
+    calls = {
+        (_GROUPS[api], _RESOURCES[kind], "get" if verb == "read" else verb)
+        for api, verb, kind in _API_CALL.findall(source)
+    }
+    calls |= {("kueue.x-k8s.io", plural, verb) for verb, plural in _CUSTOM_CALL.findall(source)}
+    return calls
+
+
 def test_launcher_rbac_is_least_privilege():
     (role,) = _kind("ClusterRole")
     granted = {
@@ -121,16 +141,9 @@ def test_launcher_rbac_is_least_privilege():
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    needed = {("batch", "jobs", v) for v in ("create", "get", "delete")} | {
-        ("", "configmaps", "create"),
-        ("", "services", "create"),
-        ("networking.k8s.io", "networkpolicies", "create"),
-        ("", "pods", "list"),
-        ("", "pods/log", "get"),
-        ("kueue.x-k8s.io", "workloads", "list"),
-        ("kueue.x-k8s.io", "localqueues", "get"),
-        ("kueue.x-k8s.io", "localqueues", "list"),
-    }
+    needed = _launcher_api_calls()
+    # The moves of a suspended Job to on-demand nodes and its checkpoint annotations patch it: once missing here.
+    assert ("batch", "jobs", "patch") in needed and ("kueue.x-k8s.io", "workloads", "list") in needed
     assert needed <= granted
     forbidden = {"secrets", "pods/exec", "serviceaccounts", "serviceaccounts/token", "namespaces", "*"}
     assert not {g for g in granted if g[1] in forbidden or g[2] in ("*", "escalate", "bind", "impersonate")}

@@ -206,3 +206,15 @@ def test_a_users_script_reaches_the_pod_inside_its_specs_configmap(monkeypatch, 
     (config_map,) = [o for o in yaml.safe_load_all(plan.files["manifests.yaml"]) if o["kind"] == "ConfigMap"]
     shipped = parse_spec(yaml.safe_load(config_map["data"]["spec.json"])).entrypoint.code
     assert shipped.text == "print('my own loop')\n" and shipped == spec.entrypoint.code
+
+
+def test_a_jobs_last_durable_checkpoint_is_annotated_on_it(monkeypatch):
+    from training_platform.durable_checkpoint import DurableCheckpoint
+
+    batch = FakeBatch()
+    launcher = _launcher(monkeypatch, FakeCore(), batch, FakeCustom())
+    launcher.publish_checkpoint(JobHandle("k8s", "vision/tp-resnet-7-a1b2c3", "resnet-7"), DurableCheckpoint(300, 0.0))
+    assert batch.patched == ("vision", "tp-resnet-7-a1b2c3", {"metadata": {"annotations": {
+        "training-platform.io/checkpoint-step": "300",
+        "training-platform.io/checkpoint-saved-at": "1970-01-01T00:00:00Z",
+    }}})

@@ -1,0 +1,42 @@
+"""A running job's last durable checkpoint, published on the job itself, where schedulers and operators read it.
+
+No scheduler knows how much work a preemption would destroy (Kueue issue 477 asks for it): a run that saved a
+moment ago loses nothing, one that saved an hour ago loses an hour. The training asset publishes each new
+checkpoint its job saved: the step and when it was saved (the work lost if the job were preempted now is
+everything since then). On Slurm it is the job's comment (`squeue -o %k`, `scontrol show job`); on Kubernetes,
+annotations on the Job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+SLURM_COMMENT_PREFIX = "tp-checkpoint"
+STEP_ANNOTATION = "training-platform.io/checkpoint-step"
+SAVED_AT_ANNOTATION = "training-platform.io/checkpoint-saved-at"
+
+
+@dataclass(frozen=True)
+class DurableCheckpoint:
+    step: int
+    saved_at: float  # seconds since the epoch, when the worker recorded the save as durable
+
+    @property
+    def saved_at_iso(self) -> str:
+        return datetime.fromtimestamp(self.saved_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def slurm_comment(self) -> str:
+        # One word: `scontrol show job -o` prints Key=Value pairs split at spaces.
+        return f"{SLURM_COMMENT_PREFIX}:step={self.step};saved_at={self.saved_at_iso}"
+
+    def job_annotations(self) -> dict[str, str]:
+        return {STEP_ANNOTATION: str(self.step), SAVED_AT_ANNOTATION: self.saved_at_iso}
+
+
+def newest_checkpoint(events: list[dict]) -> DurableCheckpoint | None:
+    """The newest checkpoint in a run's event log (the worker records a save once it is durable)."""
+    for event in reversed(events):
+        if event.get("kind") == "checkpoint":
+            return DurableCheckpoint(step=int(event["step"]), saved_at=float(event["at"]))
+    return None
