@@ -23,6 +23,7 @@ from training_platform.telemetry.records import read_telemetry
 NOT_SHOWN = {"step_time_s", "samples_per_s", "tokens_per_s", "data_wait_s", "data_wait_fraction", "epoch", "mfu"}
 TAGS_EVERY_S = 2.0  # a run-storage write each; the UI and `tp` poll about once a second
 LOG_EVERY_S = 3.0  # Slurm and Kubernetes logs are read whole (scontrol, the API): not every poll
+CHECKPOINT_REFRESH_S = 60.0  # the work at risk grows between saves: Slurm's nice follows it (durable_checkpoint.py)
 
 
 class LiveRun:
@@ -36,6 +37,7 @@ class LiveRun:
         self._events, self._events_read = RunEvents(run_dir), 0
         self._checkpoint: DurableCheckpoint | None = None  # the newest one seen; published once that succeeded
         self._published: DurableCheckpoint | None = None
+        self._published_at = 0.0
         # The log of a local or Slurm job is appended to by every attempt: echo this attempt's part only.
         self._echoed = len(self._log() or "")
         self._guarded(self._publish, {"tp/max_steps": str(max_steps)})
@@ -81,9 +83,11 @@ class LiveRun:
             return
         events, self._events_read = self._events.read_from(self._events_read)
         self._checkpoint = newest_checkpoint(events) or self._checkpoint
-        if self._checkpoint is not None and self._checkpoint != self._published:
+        now = time.monotonic()
+        due = self._checkpoint != self._published or now - self._published_at >= CHECKPOINT_REFRESH_S
+        if self._checkpoint is not None and due:
             publish(self.handle, self._checkpoint)
-            self._published = self._checkpoint
+            self._published, self._published_at = self._checkpoint, now
 
     def _echo_log(self) -> None:
         text = self._log()

@@ -5,6 +5,11 @@ moment ago loses nothing, one that saved an hour ago loses an hour. The training
 checkpoint its job saved: the step and when it was saved (the work lost if the job were preempted now is
 everything since then). On Slurm it is the job's comment (`squeue -o %k`, `scontrol show job`); on Kubernetes,
 annotations on the Job.
+
+On Slurm it also orders preemption: among jobs of equal priority, Slurm preempts the one of lowest priority first,
+and the job's nice lowers its priority by up to NICE_RANGE the fresher its checkpoint is (0 once an hour of work
+is at risk). The range is small beside the QoS and partition weights (slurm.conf.template), so it only breaks
+ties; it is refreshed as the work at risk grows.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from datetime import UTC, datetime
 SLURM_COMMENT_PREFIX = "tp-checkpoint"
 STEP_ANNOTATION = "training-platform.io/checkpoint-step"
 SAVED_AT_ANNOTATION = "training-platform.io/checkpoint-saved-at"
+NICE_RANGE = 100
+AT_RISK_HORIZON_S = 3600.0  # work at risk from which a job is as protected as one with no checkpoint
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,11 @@ class DurableCheckpoint:
     def slurm_comment(self) -> str:
         # One word: `scontrol show job -o` prints Key=Value pairs split at spaces.
         return f"{SLURM_COMMENT_PREFIX}:step={self.step};saved_at={self.saved_at_iso}"
+
+    def slurm_nice(self, now: float) -> int:
+        """NICE_RANGE for a job that has just saved (it loses least if preempted) down to 0 an hour after."""
+        at_risk = max(0.0, now - self.saved_at)
+        return round(NICE_RANGE * max(0.0, 1.0 - at_risk / AT_RISK_HORIZON_S))
 
     def job_annotations(self) -> dict[str, str]:
         return {STEP_ANNOTATION: str(self.step), SAVED_AT_ANNOTATION: self.saved_at_iso}
