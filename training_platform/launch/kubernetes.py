@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from training_platform.checkpoints.storage import Storage, open_storage
-from training_platform.durable_checkpoint import DurableCheckpoint
+from training_platform.durable_checkpoint import PRIORITY_CLASS_LABEL, DurableCheckpoint
 from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import JobHandle, JobStatus, LaunchPlan, RunRequest
 from training_platform.launch.k8s_manifests import (
@@ -213,11 +213,17 @@ class KubernetesLauncher:
                 raise LaunchError(f"could not delete Job {handle.job_id}: HTTP {exc.status} {exc.body}") from None
 
     def publish_checkpoint(self, handle: JobHandle, checkpoint: DurableCheckpoint) -> None:
-        """The Job's annotations name its last durable checkpoint, for Kueue's and the operators' eyes."""
+        """The Job's annotations name its last durable checkpoint, and its priority class is its `-checkpointed`
+        twin while that checkpoint is fresh: among equals, Kueue then preempts it first (durable_checkpoint.py)."""
         _, batch, _ = self._apis()
         namespace, name = handle.job_id.split("/", 1)
-        body = {"metadata": {"annotations": checkpoint.job_annotations()}}
-        self._call("annotate the Job", batch.patch_namespaced_job, name, namespace, body)
+        job = self._client().sanitize_for_serialization(self._call("read the Job", batch.read_namespaced_job, name,
+                                                                   namespace))
+        metadata: dict[str, Any] = {"annotations": checkpoint.job_annotations()}
+        current = (job["metadata"].get("labels") or {}).get(PRIORITY_CLASS_LABEL)
+        if current and (wanted := checkpoint.priority_class(current, time.time())) != current:
+            metadata["labels"] = {PRIORITY_CLASS_LABEL: wanted}
+        self._call("annotate the Job", batch.patch_namespaced_job, name, namespace, {"metadata": metadata})
 
     def move_to_on_demand(self, handle: JobHandle, spec: TrainSpec) -> str | None:
         """A Job Kueue evicted is suspended until readmitted: patch its pods onto on-demand nodes meanwhile.

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from training_platform.durable_checkpoint import CHECKPOINTED_SUFFIX
 from training_platform.launch.base import AGENT_MODULE, RunRequest
 from training_platform.launch.k8s_manifests import KubernetesConfig
 from training_platform.launch.kubernetes import KubernetesLauncher
@@ -106,7 +107,14 @@ def test_launcher_defaults_name_objects_that_exist():
     for namespace, name in local_queues:
         assert name == config.queue_template.format(team=namespace)
     assert {q["spec"]["clusterQueue"] for q in _kind("LocalQueue")} <= cluster_queues
-    assert set(config.priority_classes.values()) == {p["metadata"]["name"] for p in _kind("WorkloadPriorityClass")}
+    classes = {p["metadata"]["name"]: p["value"] for p in _kind("WorkloadPriorityClass")}
+    own = set(config.priority_classes.values())
+    assert set(classes) == own | {name + CHECKPOINTED_SUFFIX for name in own}
+    # A class's checkpointed twin is just below it, and still above every lower class: it only breaks ties.
+    for name in own:
+        assert classes[name + CHECKPOINTED_SUFFIX] == classes[name] - 1
+        lower = [classes[other] for other in own if classes[other] < classes[name]]
+        assert all(classes[name + CHECKPOINTED_SUFFIX] > value for value in lower)
     (topology,) = _kind("Topology")
     levels = [level["nodeLabel"] for level in topology["spec"]["levels"]]
     assert set(config.topology_levels.values()) <= set(levels)

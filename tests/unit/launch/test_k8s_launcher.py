@@ -208,13 +208,24 @@ def test_a_users_script_reaches_the_pod_inside_its_specs_configmap(monkeypatch, 
     assert shipped.text == "print('my own loop')\n" and shipped == spec.entrypoint.code
 
 
-def test_a_jobs_last_durable_checkpoint_is_annotated_on_it(monkeypatch):
+def test_a_jobs_last_durable_checkpoint_is_annotated_on_it_and_while_fresh_lowers_its_priority(monkeypatch):
+    import time as clock
+
     from training_platform.durable_checkpoint import DurableCheckpoint
 
-    batch = FakeBatch()
+    job = {"metadata": {"name": "tp-resnet-7-a1b2c3", "labels": {"kueue.x-k8s.io/priority-class": "training-normal"}}}
+    batch = FakeBatch(job=job)
     launcher = _launcher(monkeypatch, FakeCore(), batch, FakeCustom())
-    launcher.publish_checkpoint(JobHandle("k8s", "vision/tp-resnet-7-a1b2c3", "resnet-7"), DurableCheckpoint(300, 0.0))
+    handle = JobHandle("k8s", "vision/tp-resnet-7-a1b2c3", "resnet-7")
+    launcher.publish_checkpoint(handle, DurableCheckpoint(300, 0.0))  # saved long ago: its class stays its own
     assert batch.patched == ("vision", "tp-resnet-7-a1b2c3", {"metadata": {"annotations": {
         "training-platform.io/checkpoint-step": "300",
         "training-platform.io/checkpoint-saved-at": "1970-01-01T00:00:00Z",
     }}})
+
+    launcher.publish_checkpoint(handle, DurableCheckpoint(400, clock.time() - 5))  # just saved: first to go
+    assert batch.patched[2]["metadata"]["labels"] == {"kueue.x-k8s.io/priority-class": "training-normal-checkpointed"}
+
+    job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "training-normal-checkpointed"
+    launcher.publish_checkpoint(handle, DurableCheckpoint(400, clock.time() - 3600))  # that save grew old
+    assert batch.patched[2]["metadata"]["labels"] == {"kueue.x-k8s.io/priority-class": "training-normal"}
