@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.fixtures.s3", "tests.fixtures.signing", "tests.fixtures.slurm", "tests.fixtures.platform"]
+pytest_plugins = [
+    "tests.fixtures.s3",
+    "tests.fixtures.signing",
+    "tests.fixtures.slurm",
+    "tests.fixtures.platform",
+    "tests.fixtures.instance",
+]
 
 
 def pytest_configure(config) -> None:

@@ -29,15 +29,6 @@ SELECTION = ["training_run", "checkpoints"]
 EVERY = 50  # steps between checkpoints
 
 
-@pytest.fixture
-def instance(tmp_path, monkeypatch):
-    monkeypatch.setenv("TP_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
-    (tmp_path / "dagster").mkdir()
-    with dg.DagsterInstance.get() as instance:
-        yield instance
-
-
 def _materialize(instance, run_id, box):
     box["result"] = materialize_partition(instance, run_id, SELECTION)
 

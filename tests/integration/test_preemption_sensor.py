@@ -21,15 +21,6 @@ pytestmark = pytest.mark.integration
 SELECTION = ["training_run", "checkpoints"]
 
 
-@pytest.fixture
-def instance(tmp_path, monkeypatch):
-    monkeypatch.setenv("TP_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
-    (tmp_path / "dagster").mkdir()
-    with dg.DagsterInstance.get() as instance:
-        yield instance
-
-
 def _spec(home: PlatformHome):
     snapshot = build_snapshot("sklearn_digits", home.snapshots).snapshot_id
     return parse_spec(

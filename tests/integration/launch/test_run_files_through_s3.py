@@ -12,7 +12,6 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-import dagster as dg
 import pytest
 
 from resources.launcher import LauncherResource
@@ -46,15 +45,6 @@ class PodOnThisMachine(LocalLauncher):
         pod_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy(request.spec_path, pod_dir / "spec.json")  # as the Job's ConfigMap carries it
         return super().plan(replace(request, run_dir=pod_dir, env={**request.env, RUN_STORE_ENV: self.store_uri}))
-
-
-@pytest.fixture
-def instance(tmp_path, monkeypatch):
-    monkeypatch.setenv("TP_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
-    (tmp_path / "dagster").mkdir()
-    with dg.DagsterInstance.get() as instance:
-        yield instance
 
 
 def test_a_jobs_result_events_and_pipes_messages_reach_the_asset_through_the_bucket(
