@@ -49,6 +49,8 @@ def run_module(module: str, *argv: str) -> None:
     # torch's wrapper interrupts a worker whose parent (the fork server) dies with SIGINT, which
     # would abort an emergency checkpoint; SIGTERM is the signal the worker checkpoints and stops on.
     ctypes.CDLL(None, use_errno=True).prctl(standby.PR_SET_PDEATHSIG, signal.SIGTERM)
+    if not _parent_is_a_fork_server():  # it died before the line above: no signal will come
+        os._exit(1)
     # A fork server's child defaults to starting its own processes through the fork server too
     # (DataLoader workers would then be pickled over to it); start them as a fresh interpreter does.
     multiprocessing.set_start_method(None, force=True)
@@ -72,6 +74,14 @@ def run_module(module: str, *argv: str) -> None:
         # A SIGTERM now (a preemption just too late) ends the process instead of the worker's
         # handler noting it and the agent waiting 30 s to SIGKILL it.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _parent_is_a_fork_server() -> bool:
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
+            return b"multiprocessing.forkserver" in cmdline.read()
+    except OSError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -101,11 +101,14 @@ class LocalLauncher:
         log = open(plan.workdir / LOG_FILE, "ab")  # noqa: SIM115 - handed to the child process
         # A shell records the exit code so status() works from any process, not only this one.
         # It forwards SIGTERM to torchrun and keeps waiting, so a preempted worker's emergency
-        # checkpoint and exit are observed instead of the shell's own death.
+        # checkpoint and exit are observed instead of the shell's own death. Once torchrun is gone it
+        # kills what is left of the job's process group, itself last: a torchrun that was killed (the
+        # OOM killer's pick) leaves its fork server and ranks behind, which would train on into a run
+        # already reported FAILED.
         script = (
             '"$@" & child=$!; trap \'kill -TERM "$child" 2>/dev/null\' TERM INT; '
             'while :; do wait "$child"; code=$?; kill -0 "$child" 2>/dev/null || break; done; '
-            f'echo "$code" > {EXIT_CODE_FILE}'
+            f'echo "$code" > {EXIT_CODE_FILE}; trap "" TERM INT; kill -KILL 0'
         )
         env = {**job_environment(), **plan.env}  # not the orchestrator's secrets
         try:
