@@ -23,7 +23,7 @@ from training_platform.telemetry.records import read_telemetry
 NOT_SHOWN = {"step_time_s", "samples_per_s", "tokens_per_s", "data_wait_s", "data_wait_fraction", "epoch", "mfu"}
 TAGS_EVERY_S = 2.0  # a run-storage write each; the UI and `tp` poll about once a second
 LOG_EVERY_S = 3.0  # Slurm and Kubernetes logs are read whole (scontrol, the API): not every poll
-CHECKPOINT_REFRESH_S = 60.0  # the work at risk grows between saves: Slurm's nice follows it (durable_checkpoint.py)
+CHECKPOINT_REFRESH_S = 60.0  # a Job's `-checkpointed` class lapses as its save grows old (durable_checkpoint.py)
 
 
 class LiveRun:

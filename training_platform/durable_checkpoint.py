@@ -6,14 +6,12 @@ checkpoint its job saved: the step and when it was saved (the work lost if the j
 everything since then). On Slurm it is the job's comment (`squeue -o %k`, `scontrol show job`); on Kubernetes,
 annotations on the Job.
 
-It also orders preemption, among jobs of equal priority, so that the one that would lose least goes first:
-- Slurm preempts the job of lowest priority first; the job's nice lowers its priority by up to NICE_RANGE the
-  fresher its checkpoint is (0 once an hour of work is at risk). The range is small beside the QoS and partition
-  weights (slurm.conf.template), so it only breaks ties.
-- Kueue preempts lower priorities first; a Job that saved within the last CHECKPOINTED_WITHIN_S carries its
-  priority class's `-checkpointed` twin, one below it (deploy/kubernetes/kueue/priority-classes.yaml), and gets
-  its own class back when that save grows old. Kueue keeps the priority-class label mutable for this.
-Both are refreshed as the work at risk grows.
+On Kubernetes it also orders preemption among Jobs of equal priority, so that the one that would lose least goes
+first: Kueue preempts lower priorities first, and a Job that saved within the last CHECKPOINTED_WITHIN_S carries
+its priority class's `-checkpointed` twin, one below it (deploy/kubernetes/kueue/priority-classes.yaml), until
+that save grows old. Kueue keeps the priority-class label mutable for this. Slurm cannot be steered so: its
+preemption plugins order the jobs they may preempt by partition tier and size (preempt/partition_prio) or QoS
+(preempt/qos), never by a job's own priority or nice (checked on Slurm 22.05, and in today's source).
 """
 
 from __future__ import annotations
@@ -24,11 +22,9 @@ from datetime import UTC, datetime
 SLURM_COMMENT_PREFIX = "tp-checkpoint"
 STEP_ANNOTATION = "training-platform.io/checkpoint-step"
 SAVED_AT_ANNOTATION = "training-platform.io/checkpoint-saved-at"
-NICE_RANGE = 100
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 CHECKPOINTED_SUFFIX = "-checkpointed"
 CHECKPOINTED_WITHIN_S = 600.0
-AT_RISK_HORIZON_S = 3600.0  # work at risk from which a job is as protected as one with no checkpoint
 
 
 @dataclass(frozen=True)
@@ -43,11 +39,6 @@ class DurableCheckpoint:
     def slurm_comment(self) -> str:
         # One word: `scontrol show job -o` prints Key=Value pairs split at spaces.
         return f"{SLURM_COMMENT_PREFIX}:step={self.step};saved_at={self.saved_at_iso}"
-
-    def slurm_nice(self, now: float) -> int:
-        """NICE_RANGE for a job that has just saved (it loses least if preempted) down to 0 an hour after."""
-        at_risk = max(0.0, now - self.saved_at)
-        return round(NICE_RANGE * max(0.0, 1.0 - at_risk / AT_RISK_HORIZON_S))
 
     def priority_class(self, current: str, now: float) -> str:
         """The Kueue priority class for a Job whose class is `current` (its own, or its `-checkpointed` twin)."""

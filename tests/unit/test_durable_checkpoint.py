@@ -69,14 +69,6 @@ def test_the_published_forms_name_the_step_and_when_it_was_saved():
     assert newest_checkpoint([{"kind": "progress", "step": 3, "at": 1.0}]) is None
 
 
-def test_the_fresher_the_checkpoint_the_higher_its_nice_on_slurm():
-    saved = DurableCheckpoint(step=80, saved_at=1000.0)
-    assert saved.slurm_nice(now=1000.0) == 100  # nothing at risk: the first to go among equals
-    assert saved.slurm_nice(now=1000.0 + 1800) == 50
-    assert saved.slurm_nice(now=1000.0 + 3600) == saved.slurm_nice(now=1000.0 + 86400) == 0
-    assert saved.slurm_nice(now=900.0) == 100  # a clock behind the worker's never raises it past the range
-
-
 def test_a_published_checkpoint_is_published_again_as_its_work_at_risk_grows(tmp_path, monkeypatch):
     import resources.live_run as live_run
 

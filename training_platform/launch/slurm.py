@@ -191,12 +191,8 @@ class SlurmLauncher:
         self.commands.run(["scancel", handle.job_id])
 
     def publish_checkpoint(self, handle: JobHandle, checkpoint: DurableCheckpoint) -> None:
-        """The job's comment names its last durable checkpoint (what `squeue -o %k` and operators read), and its
-        nice makes it, among equals, the first to be preempted the less it would lose (durable_checkpoint.py)."""
-        nice = checkpoint.slurm_nice(time.time())
-        command = [
-            "scontrol", "update", f"JobId={handle.job_id}", f"Comment={checkpoint.slurm_comment()}", f"Nice={nice}"
-        ]
+        """The job's comment names its last durable checkpoint: what `squeue -o %k` and operators read."""
+        command = ["scontrol", "update", f"JobId={handle.job_id}", f"Comment={checkpoint.slurm_comment()}"]
         result = self.commands.run(command, check=False)
         if result.returncode != 0:
             raise LaunchError(f"could not set the comment of Slurm job {handle.job_id}: {result.stderr.strip()}")
