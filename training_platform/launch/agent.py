@@ -49,7 +49,7 @@ def run_module(module: str, *argv: str) -> None:
     # torch's wrapper interrupts a worker whose parent (the fork server) dies with SIGINT, which
     # would abort an emergency checkpoint; SIGTERM is the signal the worker checkpoints and stops on.
     ctypes.CDLL(None, use_errno=True).prctl(standby.PR_SET_PDEATHSIG, signal.SIGTERM)
-    if not _parent_is_a_fork_server():  # it died before the line above: no signal will come
+    if not _parent_forks_workers():  # it died before the line above: no signal will come
         os._exit(1)
     # A fork server's child defaults to starting its own processes through the fork server too
     # (DataLoader workers would then be pickled over to it); start them as a fresh interpreter does.
@@ -76,12 +76,18 @@ def run_module(module: str, *argv: str) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _parent_is_a_fork_server() -> bool:
+# What forks workers: the agent's fork server, or a warm standby (standby.py). A worker whose parent is neither
+# was reparented: the one that forked it is gone.
+_WORKER_PARENTS = (b"multiprocessing.forkserver", b"training_platform.launch.standby")
+
+
+def _parent_forks_workers() -> bool:
     try:
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
-            return b"multiprocessing.forkserver" in cmdline.read()
+            command = cmdline.read()
     except OSError:
         return False
+    return any(parent in command for parent in _WORKER_PARENTS)
 
 
 def main(argv: list[str] | None = None) -> None:
