@@ -22,7 +22,7 @@ from training_platform.launch import JobHandle, JobState, JobStatus, Launcher, R
 from training_platform.launch.base import keeps_preempted_jobs, run_files_store
 from training_platform.launch.registry import launcher_for
 from training_platform.requeue import follow_requeued
-from training_platform.run_files import PIPES_MESSAGES_FILE, RunFilesPuller
+from training_platform.run_files import ATTEMPT_ENV, PIPES_MESSAGES_FILE, RunFilesPuller
 from training_platform.runlog import RunEvents
 
 CANCEL_WAIT_S = 30.0
@@ -56,17 +56,20 @@ class LauncherResource(dg.ConfigurableResource):
         launcher = self.launcher_for(backend or request.spec.backend or self.mode)
         messages = request.run_dir / PIPES_MESSAGES_FILE
         request.write_spec()
+        store = run_files_store(launcher)
         with dg.open_pipes_session(
             context=context,
             context_injector=dg.PipesEnvContextInjector(),
             message_reader=PipesJsonLinesReader(messages),
         ) as session:
-            request = replace(request, env={**request.env, **session.get_bootstrap_env_vars()})
+            # A job that hands its files over through the store tags them with this Dagster run (run_files.py).
+            attempt = {ATTEMPT_ENV: context.run_id} if store is not None else {}
+            request = replace(request, env={**request.env, **session.get_bootstrap_env_vars(), **attempt})
             plan = launcher.plan(request)
             context.log.info(f"launch plan:\n{plan.render()}")
             handle = launcher.submit(plan)
             events = RunEvents(request.run_dir)
-            pull = RunFilesPuller(run_files_store(launcher), request.run_id, request.run_dir)
+            pull = RunFilesPuller(store, request.run_id, request.run_dir, context.run_id)
             try:  # from here on, a terminated run takes its job with it
                 # The capacity it runs on prices its attempts (cost/charges.py); a resume may move to on-demand.
                 events.append("submitted", backend=handle.backend, job_id=handle.job_id, dagster_run_id=context.run_id,

@@ -2,14 +2,15 @@
 without a shared home).
 
 The worker's main rank pushes what it writes into its run directory to `TP_RUN_STORE_URI` (`s3://bucket/runs`,
-or a directory), under the run's id; the Dagster side pulls it into its own copy of the run directory, where every
-reader already looks (the asset, the preemption sensor, `tp`).
+or a directory); the training asset pulls it into its own copy of the run directory, where every reader already
+looks. Each pushing process (a pod's main rank, one per attempt and per requeue, each starting from an empty
+directory) writes under keys of its own, `<run>/<dagster run>/<writer>/<file>`, `<writer>` sortable by its start:
 
-- Logs that only grow (the event log, the Pipes messages) are pulled by what they grew since the last pull,
-  whole lines only, appended to the local file: the Dagster side appends its own events to the same log, and
-  the Pipes reader tails its file.
+- Logs that only grow are pulled by what they grew since the last pull, whole lines only, appended to the local
+  file: the event log from every writer of the run, oldest first (a resumed run's history stays whole); the
+  Pipes messages only from the writers of the Dagster run pulling them (its Pipes session reads them).
 - Files written whole (the result, the preemption and pruning markers, the telemetry) replace the local copy
-  atomically when they changed.
+  atomically with the newest version the Dagster run's own writers pushed, when it changed.
 
 Nothing here is unpickled: every file is JSON, read by the code that reads it on a shared disk.
 """
@@ -19,7 +20,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,8 +41,10 @@ PIPES_MESSAGES_FILE = "pipes-messages.jsonl"
 GROWING = (EVENTS_FILE, PIPES_MESSAGES_FILE)
 WHOLE = (RESULT_FILE, PREEMPTED_MARKER, PRUNED_MARKER, TELEMETRY_FILE)
 PULLED_STATE = ".pulled.json"  # in the local run dir: how far each growing log was pulled, what each file was
-PULL_LOCK = ".pull.lock"  # the asset and the preemption sensor may pull the same run at once
+PULL_LOCK = ".pull.lock"  # two processes pulling one run would append the same lines twice
 PUSH_SECONDS = 2.0
+ATTEMPT_ENV = "TP_RUN_ATTEMPT"  # the Dagster run that launched the job: its Pipes session's messages
+_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def run_store_from_env() -> Storage | None:
@@ -46,8 +52,15 @@ def run_store_from_env() -> Storage | None:
     return open_storage(uri) if uri else None
 
 
-def _key(run_id: str, name: str) -> str:
-    return f"{check_run_id(run_id)}/{name}"
+def _part(value: str, what: str) -> str:
+    if not _PART.fullmatch(value) or ".." in value:
+        raise CheckpointError(f"{what} {value!r} cannot name a run store key; use letters, digits, '.', '_', '-'")
+    return value
+
+
+def new_writer() -> str:
+    """A pushing process's own key part: its start time first, so writers sort in the order they started."""
+    return f"{time.time_ns():020d}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 @dataclass
@@ -57,10 +70,15 @@ class RunFilesPusher:
     storage: Storage
     run_id: str
     run_dir: Path
+    attempt: str
+    writer: str = field(default_factory=new_writer)
     pushed: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (size, mtime_ns) pushed
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self._prefix = f"{check_run_id(self.run_id)}/{_part(self.attempt, 'attempt')}/{_part(self.writer, 'writer')}/"
 
     def push(self) -> list[str]:
         """Upload each file whose size or modification time changed; the names uploaded."""
@@ -76,7 +94,7 @@ class RunFilesPusher:
                 stamp = (stat.st_size, stat.st_mtime_ns)
                 if self.pushed.get(name) == stamp:
                     continue
-                self.storage.put(_key(self.run_id, name), data, sync_parent=False)
+                self.storage.put(self._prefix + name, data, sync_parent=False)
                 self.pushed[name] = stamp
                 sent.append(name)
         return sent
@@ -105,53 +123,62 @@ class RunFilesPuller:
     """The Dagster side's pull of one run, called at each poll of its job: a store down for a moment is asked
     again at the next poll; the last pull (`final=True`, once the job ended) must succeed."""
 
-    def __init__(self, storage: Storage | None, run_id: str, run_dir: Path):
-        self.storage, self.run_id, self.run_dir = storage, run_id, run_dir
+    def __init__(self, storage: Storage | None, run_id: str, run_dir: Path, attempt: str):
+        self.storage, self.run_id, self.run_dir, self.attempt = storage, run_id, run_dir, attempt
 
     def __call__(self, final: bool = False) -> list[str]:
         if self.storage is None:  # a shared disk: the job wrote into this very run directory
             return []
         try:
-            return pull(self.storage, self.run_id, self.run_dir, final=final)
+            return pull(self.storage, self.run_id, self.run_dir, self.attempt, final=final)
         except CheckpointError:
             if final:
                 raise
             return []
 
 
-def pull(storage: Storage, run_id: str, run_dir: Path, *, final: bool = False) -> list[str]:
-    """Bring the run's pushed files into `run_dir`; the names that changed. One listing finds what changed;
-    `final` also reads every whole file again (the store's times may not tell two pushes in a second apart)."""
+def pull(storage: Storage, run_id: str, run_dir: Path, attempt: str, *, final: bool = False) -> list[str]:
+    """Bring the run's pushed files into `run_dir` (Pipes messages: only `attempt`'s); the names that changed.
+    One listing finds what changed; `final` also reads the whole files again (the store's times may not tell
+    two pushes within a second apart)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    with file_lock(run_dir / PULL_LOCK):  # two pullers would append the same lines twice
-        return _pull(storage, run_id, run_dir, final)
+    with file_lock(run_dir / PULL_LOCK):
+        return _pull(storage, run_id, run_dir, attempt, final)
 
 
-def _pull(storage: Storage, run_id: str, run_dir: Path, final: bool) -> list[str]:
+def _pull(storage: Storage, run_id: str, run_dir: Path, attempt: str, final: bool) -> list[str]:
     state_path = run_dir / PULLED_STATE
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
-    before = dict(state)
-    prefix = _key(run_id, "")
-    listed = {info.key.removeprefix(prefix): info for info in storage.list_info(prefix)}
-    changed = []
-    for name in GROWING:
-        offset = state.get(name, 0)
-        if name not in listed or listed[name].size <= offset:
+    before = json.dumps(state, sort_keys=True)
+    prefix = f"{check_run_id(run_id)}/"
+    pushed = []  # (writer, attempt, name, info), oldest writer first
+    for info in storage.list_info(prefix):
+        parts = info.key.removeprefix(prefix).split("/")
+        if len(parts) == 3 and parts[2] in (*GROWING, *WHOLE):
+            pushed.append((parts[1], parts[0], parts[2], info))
+    pushed.sort(key=lambda item: item[0])
+    changed: set[str] = set()
+    for writer, pushed_by, name, info in pushed:
+        if name not in GROWING or (name == PIPES_MESSAGES_FILE and pushed_by != attempt):
             continue
-        grown = storage.get(_key(run_id, name))[offset:]
+        where = f"{pushed_by}/{writer}/{name}"
+        offset = state.get(where, 0)
+        if info.size <= offset:
+            continue
+        grown = storage.get(prefix + where)[offset:]
         whole_lines = grown[: grown.rfind(b"\n") + 1]  # a line still being written waits for the next pull
         if whole_lines:
             _append(run_dir / name, whole_lines)
-            state[name] = offset + len(whole_lines)
-            changed.append(name)
-    for name in WHOLE:
-        info = listed.get(name)
-        if info is None:
-            continue
-        seen = [info.size, info.modified]
+            state[where] = offset + len(whole_lines)
+            changed.add(name)
+    # Whole files are this Dagster run's, its newest writer's (a requeued pod's): an earlier run's result or
+    # marker must not pass for this one's, as `RunRequest.write_spec` removes them on a shared disk.
+    newest = {name: (by, writer, info) for writer, by, name, info in pushed if name in WHOLE and by == attempt}
+    for name, (pushed_by, writer, info) in newest.items():
+        seen = [pushed_by, writer, info.size, info.modified]
         if not final and state.get(f"{name}:listed") == seen:
             continue
-        data = storage.get(_key(run_id, name))
+        data = storage.get(f"{prefix}{pushed_by}/{writer}/{name}")
         digest = hashlib.sha256(data).hexdigest()
         state[f"{name}:listed"] = seen
         if state.get(name) != digest:
@@ -159,12 +186,12 @@ def _pull(storage: Storage, run_id: str, run_dir: Path, final: bool) -> list[str
             staged.write_bytes(data)
             os.replace(staged, run_dir / name)
             state[name] = digest
-            changed.append(name)
-    if state != before:
+            changed.add(name)
+    if json.dumps(state, sort_keys=True) != before:
         staged = run_dir / f"{PULLED_STATE}.pulling"
         staged.write_text(json.dumps(state))
         os.replace(staged, state_path)
-    return changed
+    return sorted(changed)
 
 
 def _append(path: Path, data: bytes) -> None:

@@ -78,7 +78,7 @@ def _wait(launcher: _Replay, tmp_path) -> str:
     live = SimpleNamespace(poll=lambda final=False: None)
     status = LauncherResource()._wait(SimpleNamespace(log=log), launcher, JobHandle("k8s", "vision/tp-resnet-0007",
                                       "resnet-0007"), live, request, RunEvents(tmp_path),
-                                      RunFilesPuller(None, "resnet-0007", tmp_path))
+                                      RunFilesPuller(None, "resnet-0007", tmp_path, "dagster-run"))
     return status.state.value
 
 
