@@ -217,11 +217,13 @@ class Reporter:
 def _push_run_files(stack: contextlib.ExitStack, run_dir: Path | None, run_id: str | None) -> Path | None:
     """Push the run directory to the run store until the stack closes, where one is set; then the Pipes messages
     file to write (in the run directory, pushed with the rest)."""
+    from training_platform.paths import RUN_STORE_ENV
+
+    if not os.environ.get(RUN_STORE_ENV) or run_dir is None or run_id is None:
+        return None  # a shared disk: nothing to push (and run_files' imports are not paid for)
     from training_platform.run_files import ATTEMPT_ENV, PIPES_MESSAGES_FILE, RunFilesPusher, run_store_from_env
 
     storage = run_store_from_env()
-    if storage is None or run_dir is None or run_id is None:
-        return None
     pusher = RunFilesPusher(storage, run_id, run_dir, os.environ.get(ATTEMPT_ENV) or "unattributed").start()
     stack.callback(pusher.close)
     return run_dir / PIPES_MESSAGES_FILE
