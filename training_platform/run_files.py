@@ -30,7 +30,7 @@ from pathlib import Path
 from training_platform.checkpoints.storage import Storage, open_storage
 from training_platform.documents import file_lock
 from training_platform.errors import CheckpointError
-from training_platform.identifiers import check_run_id
+from training_platform.identifiers import RUN_ID, check_run_id
 from training_platform.launch.base import PREEMPTED_MARKER, RESULT_FILE
 from training_platform.paths import RUN_STORE_ENV
 from training_platform.runlog import EVENTS_FILE
@@ -44,7 +44,7 @@ PULLED_STATE = ".pulled.json"  # in the local run dir: how far each growing log 
 PULL_LOCK = ".pull.lock"  # two processes pulling one run would append the same lines twice
 PUSH_SECONDS = 2.0
 ATTEMPT_ENV = "TP_RUN_ATTEMPT"  # the Dagster run that launched the job: its Pipes session's messages
-_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_PART = re.compile(RUN_ID)  # attempts and writers are named like run ids
 
 
 def run_store_from_env() -> Storage | None:

@@ -418,12 +418,13 @@ def with_script_code(spec: TrainSpec, base: Path) -> TrainSpec:
     script = Path(entrypoint.script) if Path(entrypoint.script).is_absolute() else (base / entrypoint.script).resolve()
     update: dict[str, Any] = {"script": str(script)}
     if script.is_file():  # a missing script is refused by the preflight, with its fix
+        data = script.read_bytes()  # bytes, not text mode: no newline translation, so the hash is the file's
         try:
-            text = script.read_bytes().decode("utf-8")  # no newline translation: the hash is the file's
+            text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise SpecError(f"entrypoint.script: {script} is not UTF-8 text; name a Python script") from None
         try:
-            update["code"] = ScriptCode(sha256=hashlib.sha256(text.encode()).hexdigest(), text=text)
+            update["code"] = ScriptCode(sha256=hashlib.sha256(data).hexdigest(), text=text)
         except ValidationError as exc:
             raise SpecError(format_validation_error(exc, ScriptCode, f"entrypoint.script {script}")) from None
     return spec.model_copy(update={"entrypoint": entrypoint.model_copy(update=update)})
