@@ -10,7 +10,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.fixtures.platform import ROOT, server_logs
+from tests.fixtures.platform import ROOT, TP_POLL_S, server_logs
 from tests.fixtures.worker import job_pid, launch, train, wait, wait_for_step
 from training_platform.checkpoints import open_store
 from training_platform.datasets import build_snapshot
@@ -120,7 +120,7 @@ def test_a_script_gone_from_the_submitters_disk_still_runs_as_submitted(user_dir
         lambda: (r := run_row(platform, run_id)) and r["state"] in ("SUCCEEDED", "FAILED", "CANCELED") and r,
         600,
         f"run {run_id} to end",
-        poll=1.0,
+        poll=TP_POLL_S,
     )
     assert row["state"] == "SUCCEEDED", server_logs(platform.home)
     shipped = next((platform.home / "runs" / run_id / "code").glob("*/train.py"))

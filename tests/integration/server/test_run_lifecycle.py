@@ -15,7 +15,7 @@ from collections import Counter
 import dagster as dg
 import pytest
 
-from tests.fixtures.platform import free_port, last_json, server_logs
+from tests.fixtures.platform import TP_POLL_S, free_port, last_json, server_logs
 from tests.fixtures.worker import wait_until
 from tests.integration.server.runs import (
     detach,
@@ -98,7 +98,7 @@ def test_a_killed_client_does_not_stop_the_run(platform, tmp_path):
     client.wait(10)
     ended = ("SUCCEEDED", "FAILED", "CANCELED")
     row = wait_until(lambda: (r := run_row(platform, run_id)) and r["state"] in ended and r, 300,
-                     f"run {run_id} to end without its client")
+                     f"run {run_id} to end without its client", poll=TP_POLL_S)
     assert row["state"] == "SUCCEEDED" and row["step"] == 2000
 
 
@@ -138,7 +138,8 @@ def test_status_and_metrics_show_a_training_run_while_it_trains(platform, tmp_pa
     port = free_port()
     metrics = platform.spawn("metrics", "--port", str(port), log=tmp_path / "metrics.log")
     try:
-        row = wait_until(lambda: _status_row(platform, run_id), 300, f"tp status to show {run_id} training")
+        row = wait_until(lambda: _status_row(platform, run_id), 300, f"tp status to show {run_id} training",
+                         poll=TP_POLL_S)
         assert row["team"] == "ml-platform" and 0 < row["progress"] < 1, row
         assert 0 < row["utilization_pct"] <= 100 and row["cost_usd"] > 0, row
         assert _started_from_the_code_servers_fork_server(platform, run_id)
