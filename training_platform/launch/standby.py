@@ -70,8 +70,14 @@ STOP_POLL_SECONDS = 2.0
 AGENT_MODULES = ["torch.distributed.run", "torch.distributed.launcher.api", "training_platform.launch.agent"]
 # What the main rank imports to report (train/reporting.py), once it knows it reports: 1.5 s of each start it
 # serves otherwise, and 0.7 s more for the embedded default's SQLite tracking store (SQLAlchemy, Alembic). A cold
-# start leaves them out of its fork server, which would import them for every rank.
-REPORTING_MODULES = ["mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store", "dagster_pipes"]
+# start leaves them out of its fork server, which would import them for every rank. The run's plots (matplotlib,
+# 0.4-0.6 s) are drawn by the main rank at its end.
+REPORTING_MODULES = [
+    "mlflow.tracking",
+    "mlflow.store.tracking.sqlalchemy_store",
+    "dagster_pipes",
+    "training_platform.telemetry.plots",
+]
 LOG_FILE = "standby.log"
 SHARED_LOG_FILE = "shared-standby.log"  # in the platform home
 # What a process imports torch with, besides the code: a job whose values differ here does not use a shared standby
