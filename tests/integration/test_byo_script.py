@@ -10,7 +10,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.fixtures.platform import ROOT, TP_POLL_S, server_logs
+from tests.fixtures.platform import ROOT, server_logs
 from tests.fixtures.worker import job_pid, launch, train, wait, wait_for_step
 from training_platform.checkpoints import open_store
 from training_platform.datasets import build_snapshot
@@ -109,19 +109,13 @@ def test_user_script_through_tp_train_reaches_mlflow_and_dagster(user_dir, platf
 
 def test_a_script_gone_from_the_submitters_disk_still_runs_as_submitted(user_dir, platform, tmp_path):
     """The server runs the text `tp` read at submission: a server on another machine never had the file."""
-    from tests.fixtures.worker import wait_until
-    from tests.integration.server.runs import detach, run_row
+    from tests.integration.server.runs import detach, ended_row
 
     laptop = tmp_path / "laptop"
     shutil.copytree(user_dir, laptop)
     run_id = detach(platform, laptop / "spec.yaml")
     shutil.rmtree(laptop)  # before the run starts: nothing of it is left on the submitter's side
-    row = wait_until(
-        lambda: (r := run_row(platform, run_id)) and r["state"] in ("SUCCEEDED", "FAILED", "CANCELED") and r,
-        600,
-        f"run {run_id} to end",
-        poll=TP_POLL_S,
-    )
+    row = ended_row(platform, run_id)
     assert row["state"] == "SUCCEEDED", server_logs(platform.home)
     shipped = next((platform.home / "runs" / run_id / "code").glob("*/train.py"))
     assert shipped.read_bytes() == (user_dir / "train.py").read_bytes()

@@ -7,7 +7,8 @@ from pathlib import Path
 import psutil
 import yaml
 
-from tests.fixtures.platform import ROOT, Platform, last_json
+from tests.fixtures.platform import ROOT, TP_POLL_S, Platform, last_json
+from tests.fixtures.worker import wait_until
 from training_platform.runlog import RunEvents
 
 
@@ -56,6 +57,17 @@ def run_row(platform: Platform, run_id: str) -> dict | None:
     proc = platform.tp("runs", "--json", "--limit", "200")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return next((row for row in last_json(proc)["runs"] if row["run_id"] == run_id), None)
+
+
+ENDED = ("SUCCEEDED", "FAILED", "CANCELED")
+
+
+def ended_row(platform: Platform, run_id: str, timeout: float = 600, row=None) -> dict:
+    """The run's `tp runs --json` row once it ended; ROW(platform, run_id) reads it (default `run_row`).
+    Asked every TP_POLL_S: each `tp` is a process, and a faster pace takes a core from the run."""
+    row = row or run_row
+    return wait_until(lambda: (r := row(platform, run_id)) and r["state"] in ENDED and r, timeout,
+                      f"run {run_id} to end", poll=TP_POLL_S)
 
 
 def step_reached(platform: Platform, run_id: str) -> int:

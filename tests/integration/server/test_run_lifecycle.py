@@ -19,6 +19,7 @@ from tests.fixtures.platform import TP_POLL_S, free_port, last_json, server_logs
 from tests.fixtures.worker import wait_until
 from tests.integration.server.runs import (
     detach,
+    ended_row,
     processes_of,
     run_row,
     step_reached,
@@ -96,9 +97,7 @@ def test_a_killed_client_does_not_stop_the_run(platform, tmp_path):
     assert step_reached(platform, run_id) < 2000  # killed while the run trains
     os.killpg(client.pid, signal.SIGKILL)
     client.wait(10)
-    ended = ("SUCCEEDED", "FAILED", "CANCELED")
-    row = wait_until(lambda: (r := run_row(platform, run_id)) and r["state"] in ended and r, 300,
-                     f"run {run_id} to end without its client", poll=TP_POLL_S)
+    row = ended_row(platform, run_id, 300)
     assert row["state"] == "SUCCEEDED" and row["step"] == 2000
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.platform import TP_POLL_S, last_json, server_logs
+from tests.fixtures.platform import last_json, server_logs
 from tests.fixtures.team_stack import Stack, running_stack
 from tests.fixtures.worker import wait_until
-from tests.integration.server.runs import detach, step_reached, write_spec, write_sweep
+from tests.integration.server.runs import detach, ended_row, step_reached, write_spec, write_sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -298,12 +298,7 @@ def test_postgres_restarted_while_a_run_trains_the_run_finishes_with_its_lineage
 
 def _ended(stack: Stack, run_id: str) -> dict:
     """The run's `tp runs` row once it ended."""
-    return wait_until(
-        lambda: (r := _row(stack, run_id)) and r["state"] in ("SUCCEEDED", "FAILED", "CANCELED") and r,
-        600,
-        f"run {run_id} to end",
-        poll=TP_POLL_S,
-    )
+    return ended_row(stack.platform, run_id, row=lambda _, run: _row(stack, run))
 
 
 def _logs(stack: Stack, run_id: str) -> str:
