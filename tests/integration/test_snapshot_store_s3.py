@@ -90,3 +90,37 @@ def test_the_home_and_every_job_find_the_bucket_through_one_setting(bucket_root,
     assert job_environment({"TP_SNAPSHOT_STORE_URI": bucket_root})["TP_SNAPSHOT_STORE_URI"] == bucket_root
     monkeypatch.setenv("TP_SNAPSHOT_STORE_URI", str(tmp_path / "shared"))
     assert PlatformHome.from_env().snapshots == tmp_path / "shared"
+
+
+def test_a_teams_own_files_in_a_bucket_become_a_snapshot_found_again_without_a_read(s3_server, s3_bucket, tmp_path,
+                                                                                     monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from training_platform.datasets.file_spec import FileColumns
+    from training_platform.datasets.files import FileSource, build_file_snapshot
+
+    client = s3_server.client()
+    rows = np.arange(300)
+    for index, part in enumerate(np.array_split(rows, 2)):
+        local = tmp_path / f"part-{index}.parquet"
+        pq.write_table(pa.table({"x": part * 0.5, "y": part % 3}), local)
+        client.upload_file(str(local), s3_bucket, f"landing/events/part-{index}.parquet")
+    client.put_object(Bucket=s3_bucket, Key="landing/events/_SUCCESS", Body=b"")
+    source = FileSource(uri=f"s3://{s3_bucket}/landing/events/*.parquet", columns=FileColumns(label="y"))
+    first = build_file_snapshot(source, tmp_path / "snap")
+    assert first.parsed and first.manifest.total_rows == 300 and first.manifest.num_classes == 3
+    assert [file.name for file in first.files] == [
+        f"s3://{s3_bucket}/landing/events/part-{index}.parquet" for index in (0, 1)
+    ]
+    gets: list[str] = []
+    original = S3Storage.get
+    monkeypatch.setattr(S3Storage, "get", lambda self, key: gets.append(key) or original(self, key))
+    again = build_file_snapshot(source, tmp_path / "snap")
+    assert (again.manifest, again.parsed, gets) == (first.manifest, False, [])  # listed, not read
+
+    # A bucket the platform cannot list (here: none of that name): one line naming the source and what to check.
+    missing = FileSource(uri=f"s3://{s3_bucket}-gone/landing/*.parquet", columns=FileColumns(label="y"))
+    with pytest.raises(SnapshotError, match=rf"dataset.source s3://{s3_bucket}-gone/landing/\*.parquet cannot be "
+                                            r"listed .*check the bucket and prefix, and that the platform's S3"):
+        build_file_snapshot(missing, tmp_path / "snap")

@@ -9,12 +9,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from training_platform.datasets.file_spec import SPLIT_SEED
 from training_platform.datasets.manifest import LABEL, ROW_ID, SPLITS, ShardRef, SnapshotManifest
 from training_platform.datasets.sources import RawSource, load_source
 from training_platform.datasets.store import SnapshotRoot, write_manifest, write_shard
 from training_platform.errors import SnapshotError
 
-SPLIT_SEED = 20240101
 SPLIT_FRACTIONS = {"train": 0.70, "validation": 0.15, "test": 0.15}
 MIN_SHARDS_PER_SPLIT = 2
 MAX_SHARD_ROWS = 1024
@@ -81,9 +81,10 @@ def write_tables(
     source: str,
     source_sha256: str,
     num_classes: int,
-    feature_min: int,
-    feature_max: int,
+    feature_min: int | float,
+    feature_max: int | float,
     split_seed: int,
+    label_names: list[str] | None = None,
 ) -> SnapshotManifest:
     """The low-level writer: shard each split's table, write the shards, then the manifest, last."""
     schemas = {table.schema for table in tables.values()}
@@ -113,6 +114,7 @@ def write_tables(
         split_seed=split_seed,
         splits=splits,
         rows={split: tables[split].num_rows for split in splits},
+        label_names=label_names,
     )
     return write_manifest(root, manifest)
 

@@ -40,16 +40,16 @@ class SnapshotManifest:
     """What a snapshot holds: schema, splits, and a verifiable reference to every shard."""
 
     source: str
-    """Registered source name the snapshot was built from."""
+    """Registered source name the snapshot was built from, or the URI of its files."""
     source_sha256: str
     """Hash of the raw source values, so two snapshots of the same data can be recognized."""
     schema: dict[str, str]
     """Column name -> Arrow type name, in column order."""
     num_features: int
     num_classes: int
-    feature_min: int
+    feature_min: int | float
     """Smallest valid feature value (validation bound)."""
-    feature_max: int
+    feature_max: int | float
     """Largest valid feature value; readers divide by it to scale features to [0, 1]."""
     split_seed: int
     """Seed of the deterministic stratified split."""
@@ -57,6 +57,8 @@ class SnapshotManifest:
     """Split name -> its shards, in row order."""
     rows: dict[str, int]
     """Split name -> row count."""
+    label_names: list[str] | None = None
+    """A file source's string labels, label i naming class i; None where labels were integers."""
     format_version: int = FORMAT_VERSION
     snapshot_id: str = ""
     """sha256 of the canonical manifest without this field; empty until sealed."""
@@ -91,7 +93,12 @@ class SnapshotManifest:
         return dataclasses.replace(self, snapshot_id=self.content_hash())
 
     def to_dict(self) -> dict[str, Any]:
-        return _ADAPTER.dump_python(self, mode="json")
+        body = _ADAPTER.dump_python(self, mode="json")
+        # Fields added after format 1 are left out while unset: a manifest written before them keeps its id.
+        for name in _ADDED_FIELDS:
+            if body[name] is None:
+                del body[name]
+        return body
 
     def to_json(self) -> str:
         """The manifest file's text: key order kept (splits read train, validation, test), stable bytes."""
@@ -122,3 +129,4 @@ class SnapshotManifest:
 
 
 _ADAPTER = TypeAdapter(SnapshotManifest)
+_ADDED_FIELDS = ("label_names",)

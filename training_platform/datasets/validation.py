@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 SPLIT = "split"
-CLASS_FRACTION_MIN = 0.05
-CLASS_FRACTION_MAX = 0.15
+CLASS_SHARE_BOUNDS = (0.5, 1.5)
+"""Each class's fraction of a split, as multiples of an even share (1 / classes): 5%..15% for ten classes."""
 _DETAIL_KEYS = (
     "observed_value",
     "element_count",
@@ -196,12 +196,13 @@ def _row_expectations(manifest: SnapshotManifest) -> list:
 def _balance_expectations(manifest: SnapshotManifest) -> list:
     import great_expectations.expectations as gxe
 
+    low, high = (bound / manifest.num_classes for bound in CLASS_SHARE_BOUNDS)
     return [
         gxe.ExpectColumnValuesToBeBetween(
             column="fraction",
-            min_value=CLASS_FRACTION_MIN,
-            max_value=CLASS_FRACTION_MAX,
-            meta={"check": f"each class {CLASS_FRACTION_MIN:.0%}..{CLASS_FRACTION_MAX:.0%} of its split"},
+            min_value=low,
+            max_value=high,
+            meta={"check": f"each class {low:.0%}..{high:.0%} of its split"},
         ),
         gxe.ExpectTableRowCountToBeBetween(
             max_value=len(manifest.split_names) * manifest.num_classes,

@@ -1,0 +1,201 @@
+"""Snapshots of a team's own files (Parquet, CSV, JSON Lines): roles, splits, unchanged rebuilds, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import pytest
+from pydantic import ValidationError
+
+from training_platform.datasets import load_manifest, validate_snapshot
+from training_platform.datasets.file_spec import FileColumns, FileSplit
+from training_platform.datasets.files import FileSource, build_file_snapshot
+from training_platform.datasets.manifest import LABEL, ROW_ID
+from training_platform.datasets.reader import read_split_table
+from training_platform.errors import SnapshotError
+
+
+@pytest.fixture(scope="module")
+def wine() -> pa.Table:
+    from sklearn.datasets import load_wine  # bundled with scikit-learn: no download
+
+    return pa.Table.from_pandas(load_wine(as_frame=True).frame, preserve_index=False)
+
+
+def _parquet_folder(table: pa.Table, folder: Path, parts: int = 3) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, rows in enumerate(np.array_split(np.arange(table.num_rows), parts)):
+        pq.write_table(table.take(pa.array(rows)), folder / f"part-{index}.parquet")
+    return folder
+
+
+def _all_rows(root: Path, snapshot_id: str) -> pa.Table:
+    manifest = load_manifest(root, snapshot_id)
+    table = pa.concat_tables([read_split_table(root, manifest, split) for split in manifest.split_names])
+    return table.sort_by(ROW_ID)
+
+
+def _shard_times(root: Path) -> dict[str, int]:
+    return {path.name: path.stat().st_mtime_ns for path in (root / "shards").iterdir()}
+
+
+def test_a_parquet_folder_becomes_a_snapshot_with_every_row_by_role(wine, tmp_path):
+    data = _parquet_folder(wine, tmp_path / "wine")
+    built = build_file_snapshot(FileSource(uri=str(data), columns=FileColumns(label="target")), tmp_path / "snap")
+    manifest = built.manifest
+    assert manifest.source == str(data) and manifest.total_rows == wine.num_rows
+    assert (manifest.num_features, manifest.num_classes, manifest.label_names) == (13, 3, None)
+    columns = list(manifest.schema)
+    assert columns[0] == ROW_ID and columns[-1] == LABEL and columns[1:-1] == wine.column_names[:-1]
+    assert set(manifest.rows) == {"train", "validation", "test"} and min(manifest.rows.values()) > 0
+    rows = _all_rows(tmp_path / "snap", manifest.snapshot_id)
+    # Row ids are positions in file order: every row once, each with its own label and features.
+    assert rows.column(ROW_ID).to_pylist() == list(range(wine.num_rows))
+    assert rows.column(LABEL).to_pylist() == wine.column("target").to_pylist()
+    assert rows.column("alcohol").to_pylist() == wine.column("alcohol").to_pylist()
+    assert manifest.feature_min == pytest.approx(min(pa.compute.min(c).as_py() for c in wine.columns[:-1]))
+
+    report = validate_snapshot(tmp_path / "snap", manifest.snapshot_id)
+    assert report.success, report.summary()
+
+
+def test_unchanged_files_give_the_same_snapshot_without_a_parse_or_a_write(wine, tmp_path):
+    data = _parquet_folder(wine, tmp_path / "wine")
+    source = FileSource(uri=str(data), columns=FileColumns(label="target"))
+    root = tmp_path / "snap"
+    first = build_file_snapshot(source, root)
+    shards = _shard_times(root)
+
+    again = build_file_snapshot(source, root)
+    assert (again.manifest.snapshot_id, again.parsed) == (first.manifest.snapshot_id, False)
+
+    # Touched and copied, not changed: hashed, found, nothing rewritten.
+    part = data / "part-1.parquet"
+    os.utime(part, ns=(part.stat().st_atime_ns, part.stat().st_mtime_ns + 10**9))
+    touched = build_file_snapshot(source, root)
+    assert touched.manifest.snapshot_id == first.manifest.snapshot_id
+    assert _shard_times(root) == shards
+
+    # A changed file: a new snapshot, and the old one stays whole.
+    pq.write_table(wine.slice(0, 10), data / "part-1.parquet")
+    changed = build_file_snapshot(source, root)
+    assert changed.parsed and changed.manifest.snapshot_id != first.manifest.snapshot_id
+    assert changed.manifest.total_rows == wine.num_rows - 59 + 10
+    assert load_manifest(root, first.manifest.snapshot_id).total_rows == wine.num_rows
+
+
+def test_csv_and_json_lines_hold_the_same_rows_as_parquet(wine, tmp_path):
+    (tmp_path / "csv").mkdir()
+    pa_csv.write_csv(wine, tmp_path / "csv" / "wine.csv")
+    lines = "".join(json.dumps(row) + "\n" for row in wine.to_pylist())
+    (tmp_path / "jsonl").mkdir()
+    (tmp_path / "jsonl" / "wine.jsonl").write_text(lines)
+    columns = FileColumns(label="target")
+    parquet = build_file_snapshot(FileSource(uri=str(_parquet_folder(wine, tmp_path / "pq")), columns=columns),
+                                  tmp_path / "snap")
+    for uri in (tmp_path / "csv" / "wine.csv", tmp_path / "jsonl"):
+        other = build_file_snapshot(FileSource(uri=str(uri), columns=columns), tmp_path / "snap")
+        assert other.manifest.rows == parquet.manifest.rows, uri
+        assert _all_rows(tmp_path / "snap", other.manifest.snapshot_id).to_pydict() == _all_rows(
+            tmp_path / "snap", parquet.manifest.snapshot_id
+        ).to_pydict()
+
+
+def test_a_glob_picks_its_files_and_features_and_string_labels_are_read_by_role(wine, tmp_path):
+    data = _parquet_folder(wine, tmp_path / "wine")
+    pa_csv.write_csv(wine, data / "copy.csv")  # not matched by the glob
+    kinds = np.array(["red", "rose", "white"])[wine.column("target").to_numpy()]
+    named = wine.drop_columns(["target"]).append_column("kind", pa.array(kinds))
+    pq.write_table(named, data / "part-0.parquet")
+    for index in (1, 2):
+        (data / f"part-{index}.parquet").unlink()
+    source = FileSource(uri=str(data / "*.parquet"), columns=FileColumns(label="kind", features=["hue", "alcohol"]))
+    manifest = build_file_snapshot(source, tmp_path / "snap").manifest
+    assert list(manifest.schema) == [ROW_ID, "hue", "alcohol", LABEL]
+    assert manifest.label_names == ["red", "rose", "white"] and manifest.num_classes == 3
+    rows = _all_rows(tmp_path / "snap", manifest.snapshot_id)
+    assert rows.column(LABEL).to_pylist() == wine.column("target").to_pylist()
+
+    with pytest.raises(SnapshotError, match=r"mixes file formats \(csv, parquet\); keep one format"):
+        build_file_snapshot(FileSource(uri=str(data), columns=FileColumns(label="kind")), tmp_path / "snap")
+
+
+def _ids(n: int, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table({"user": [f"u{i}" for i in range(n)], "x": rng.normal(size=n), "y": rng.integers(0, 2, n)})
+
+
+def test_a_split_by_key_is_deterministic_whatever_the_row_order(tmp_path):
+    table = _ids(2000)
+    pq.write_table(table, tmp_path / "a.parquet")
+    shuffled = table.take(pa.array(np.random.default_rng(1).permutation(2000)))
+    (tmp_path / "b").mkdir()
+    pq.write_table(shuffled, tmp_path / "b" / "b.parquet")
+    split = FileSplit(key="user", fractions={"train": 0.8, "test": 0.2})
+    members = []
+    for uri in (tmp_path / "a.parquet", tmp_path / "b"):
+        source = FileSource(uri=str(uri), columns=FileColumns(label="y", features=["x"]), split=split)
+        manifest = build_file_snapshot(source, tmp_path / "snap").manifest
+        assert list(manifest.rows) == ["train", "test"]
+        assert abs(manifest.rows["test"] / 2000 - 0.2) < 0.03, manifest.rows
+        test_x = read_split_table(tmp_path / "snap", manifest, "test").column("x").to_pylist()
+        members.append(sorted(test_x))
+    assert members[0] == members[1]  # the same users in test, wherever their rows were
+
+
+def test_an_existing_split_column_is_kept(tmp_path):
+    table = _ids(30).append_column("part", pa.array(["train"] * 20 + ["validation"] * 5 + ["test"] * 5))
+    pq.write_table(table, tmp_path / "a.parquet")
+    source = FileSource(uri=str(tmp_path / "a.parquet"), columns=FileColumns(label="y"), split=FileSplit(column="part"))
+    manifest = build_file_snapshot(source, tmp_path / "snap").manifest
+    assert manifest.rows == {"train": 20, "validation": 5, "test": 5}
+    assert list(manifest.schema) == [ROW_ID, "x", LABEL]  # the split and string columns are not features
+    assert read_split_table(tmp_path / "snap", manifest, "test").column(ROW_ID).to_pylist() == list(range(25, 30))
+
+
+def _refused(tmp_path: Path, source: FileSource, match: str) -> None:
+    with pytest.raises(SnapshotError, match=match):
+        build_file_snapshot(source, tmp_path / "snap")
+    assert not list((tmp_path / "snap").glob("*.json")), "nothing is published for a refused source"
+
+
+def test_bad_sources_are_refused_naming_the_problem_and_the_fix(tmp_path):
+    table = _ids(40)
+    pq.write_table(table, tmp_path / "a.parquet")
+    columns = FileColumns(label="y", features=["x"])
+    _refused(tmp_path, FileSource(uri=str(tmp_path / "none-*.parquet"), columns=columns),
+             r"matches no data files; point it at a file, a directory or a glob")
+    _refused(tmp_path, FileSource(uri=str(tmp_path / "a.parquet"), columns=FileColumns(label="y", features=["z"])),
+             r"dataset.columns.features: column 'z' is not in .*; its columns are user, x, y")
+    _refused(tmp_path, FileSource(uri=str(tmp_path / "a.parquet"), columns=FileColumns(label="y", features=["user"])),
+             r"feature column 'user' is string, not numeric")
+    _refused(tmp_path, FileSource(uri=str(tmp_path / "a.parquet"), columns=columns,
+                                  split=FileSplit(fractions={"train": 0.999, "test": 0.001})),
+             r"dataset.split leaves test empty \(40 rows in all\); raise its fraction")
+
+    nulls = table.set_column(2, "y", pa.array([None, *table.column("y").to_pylist()[1:]], pa.int64()))
+    (tmp_path / "nulls").mkdir()
+    pq.write_table(nulls, tmp_path / "nulls" / "a.parquet")
+    _refused(tmp_path, FileSource(uri=str(tmp_path / "nulls"), columns=columns),
+             r"label column 'y' has 1 empty values \(the first in row 0\); drop or fill those rows")
+
+    (tmp_path / "mixed").mkdir()
+    pq.write_table(table, tmp_path / "mixed" / "a.parquet")
+    pq.write_table(table.set_column(1, "x", table.column("x").cast(pa.string())), tmp_path / "mixed" / "b.parquet")
+    _refused(tmp_path, FileSource(uri=str(tmp_path / "mixed"), columns=columns),
+             r"conflicting schemas: column 'x' is double in .*a.parquet but string in .*b.parquet")
+
+
+def test_the_split_settings_are_checked_where_the_spec_is_read():
+    with pytest.raises(ValidationError, match="sum to 0.9; make them sum to 1"):
+        FileSplit(fractions={"train": 0.7, "test": 0.2})
+    with pytest.raises(ValidationError, match="either column .* or key"):
+        FileSplit(column="part", key="user")
+    with pytest.raises(ValidationError, match="names x more than once"):
+        FileColumns(label="y", features=["x", "x"])

@@ -1,0 +1,71 @@
+"""What a spec says about a file source: which columns play which role, and how rows split.
+
+Pydantic only (no pyarrow), so the spec module can import it for free; the builder is `files.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SPLIT_SEED = 20240101
+DEFAULT_FRACTIONS = {"train": 0.70, "validation": 0.15, "test": 0.15}
+RESERVED_COLUMNS = ("row_id", "label", "split")
+"""Names a snapshot gives its own columns; a source column may not take one as a feature."""
+SplitName = Literal["train", "validation", "test"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FileColumns(_Strict):
+    """Columns by role: the snapshot renames the label to `label`; features keep their names, in this order."""
+
+    label: str = Field(description="the column of class labels (integers from 0, or strings: sorted into 0..K-1)")
+    features: list[str] | None = Field(
+        None, description="feature columns (numeric); default: every numeric column but the label, split and key"
+    )
+
+    @field_validator("features")
+    @classmethod
+    def _distinct(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            if not value:
+                raise ValueError("dataset.columns.features is empty; list at least one column or leave it out")
+            repeated = sorted({name for name in value if value.count(name) > 1})
+            if repeated:
+                raise ValueError(f"dataset.columns.features names {', '.join(repeated)} more than once")
+        return value
+
+
+class FileSplit(_Strict):
+    """An existing split column, or fractions assigned by a stable hash of a key column (or of the row's position)."""
+
+    column: str | None = Field(None, description="a column whose values are train, validation or test")
+    fractions: dict[SplitName, float] = Field(
+        default_factory=lambda: dict(DEFAULT_FRACTIONS), description="each split's share of the rows; sum to 1"
+    )
+    key: str | None = Field(
+        None, description="the column whose value decides a row's split (an id); default: the row's position"
+    )
+    seed: int = Field(SPLIT_SEED, ge=0, description="seed of the split's hash")
+
+    @field_validator("fractions")
+    @classmethod
+    def _fractions(cls, value: dict[str, float]) -> dict[str, float]:
+        if any(not 0 < share < 1 for share in value.values()):
+            raise ValueError("every split fraction must be between 0 and 1 (exclusive); leave a split out instead")
+        if not math.isclose(sum(value.values()), 1.0, abs_tol=1e-9):
+            raise ValueError(f"split fractions sum to {sum(value.values()):g}; make them sum to 1")
+        if "train" not in value:
+            raise ValueError("split fractions need a train share")
+        return value
+
+    @model_validator(mode="after")
+    def _column_or_key(self) -> FileSplit:
+        if self.column is not None and self.key is not None:
+            raise ValueError("dataset.split: set either column (an existing split) or key (a hash's input), not both")
+        return self

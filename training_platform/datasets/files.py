@@ -1,0 +1,399 @@
+"""Snapshots of a team's own files: Parquet, CSV or JSON Lines, on disk (a file, a directory, a glob) or in S3.
+
+A build reads each file once: its bytes are hashed, then parsed from the same buffer. Two records beside the
+snapshots make a second build cheap:
+
+    root/sources/<stat key>.json      the files' names, sizes and modification times (and the spec's columns
+                                      and split) -> the snapshot: a match reads no file at all
+    root/sources/<content key>.json   the files' hashes (and the same spec) -> the snapshot: files touched or
+                                      copied but unchanged are hashed, not parsed, and nothing is written
+
+A changed file gives a new snapshot; its shards are content addressed, so what did not change is not rewritten.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlparse
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+
+from training_platform.datasets.builder import write_tables
+from training_platform.datasets.file_spec import RESERVED_COLUMNS, FileColumns, FileSplit
+from training_platform.datasets.manifest import LABEL, ROW_ID, SPLITS, SnapshotManifest
+from training_platform.datasets.store import SnapshotRoot, get_object, load_manifest, put_object
+from training_platform.errors import CheckpointError, SnapshotError
+
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+RECORDS = "sources"
+_U53 = float(2**53)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileSource:
+    """Where the files are, and how the spec reads them."""
+
+    uri: str
+    """A path, a directory, a glob, or ``s3://bucket/prefix`` (optionally ending in a glob)."""
+    columns: FileColumns
+    split: FileSplit = field(default_factory=FileSplit)
+
+    def identity(self) -> dict:
+        """Everything but the files that decides the snapshot's content."""
+        return {
+            "uri": self.uri,
+            "columns": self.columns.model_dump(mode="json"),
+            "split": self.split.model_dump(mode="json"),
+        }
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    name: str
+    """An absolute path, or the object's key under the bucket."""
+    size: int
+    modified: float
+    read: Callable[[], bytes] = field(compare=False, repr=False)
+
+    @property
+    def format(self) -> str:
+        return FORMATS[PurePosixPath(self.name).suffix.lower()]
+
+
+@dataclass(frozen=True)
+class FileSnapshot:
+    manifest: SnapshotManifest
+    files: list[SourceFile]
+    parsed: bool
+    """False where a record found the snapshot: no file was parsed and nothing was written."""
+
+
+def build_file_snapshot(source: FileSource, root: SnapshotRoot) -> FileSnapshot:
+    """Build (or find) the snapshot of a file source under root: unchanged files, the same snapshot."""
+    files = list_source_files(source.uri)
+    formats = sorted({file.format for file in files})
+    if len(formats) > 1:
+        raise SnapshotError(
+            f"dataset.source {source.uri} mixes file formats ({', '.join(formats)}); keep one format per source, "
+            "or narrow it with a glob such as *.parquet"
+        )
+    stat_key = _key(source, [[file.name, file.size, file.modified] for file in files])
+    found = _recorded(root, stat_key)
+    if found is not None:
+        return FileSnapshot(found, files, parsed=False)
+
+    blobs = [file.read() for file in files]
+    hashes = [hashlib.sha256(blob).hexdigest() for blob in blobs]
+    content_key = _key(source, [[file.name, sha256] for file, sha256 in zip(files, hashes, strict=True)])
+    found = _recorded(root, content_key)
+    if found is None:
+        table = _combine([(file.name, _parse(blob, file)) for file, blob in zip(files, blobs, strict=True)], source.uri)
+        del blobs
+        found = _write(source, table, root, content_key)
+        _record(root, content_key, found)
+    _record(root, stat_key, found)
+    return FileSnapshot(found, files, parsed=True)
+
+
+def list_source_files(uri: str) -> list[SourceFile]:
+    """The data files a URI names, sorted by name; hidden files and files of other types are left out."""
+    files = _s3_files(uri) if uri.startswith("s3://") else _local_files(uri)
+    files = [file for file in files if _is_data_file(file.name)]
+    if not files:
+        raise SnapshotError(
+            f"dataset.source {uri} matches no data files; point it at a file, a directory or a glob of "
+            f"{', '.join(sorted(set(FORMATS)))} files"
+        )
+    return sorted(files, key=lambda file: file.name)
+
+
+def _is_data_file(name: str) -> bool:
+    path = PurePosixPath(name)
+    return path.suffix.lower() in FORMATS and not path.name.startswith((".", "_"))
+
+
+def _local_files(uri: str) -> list[SourceFile]:
+    text = uri.removeprefix("file://")
+    path = Path(text).expanduser()
+    if glob.has_magic(text):
+        matches = [Path(match) for match in glob.glob(str(path), recursive=True)]
+    elif path.is_dir():
+        matches = list(path.rglob("*"))
+    else:
+        matches = [path] if path.exists() else []
+    files = []
+    for match in matches:
+        if match.is_file():
+            info = match.stat()
+            resolved = match.resolve()
+            files.append(SourceFile(str(resolved), info.st_size, info.st_mtime_ns / 1e9, resolved.read_bytes))
+    return files
+
+
+def _s3_files(uri: str) -> list[SourceFile]:
+    from training_platform.checkpoints.s3 import S3Storage  # boto3 only for S3 sources
+
+    parsed = urlparse(uri)
+    parts = [part for part in parsed.path.split("/") if part]
+    magic = next((index for index, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    if magic == len(parts) and parts and _is_data_file(parts[-1]):
+        magic -= 1  # the URI names one object: list its folder, keep that name
+    prefix, pattern = "/".join(parts[:magic]), "/".join(parts[magic:])
+    try:
+        storage = S3Storage.from_uri(f"s3://{parsed.netloc}/{prefix}")
+        infos = storage.list_info("")
+    except (CheckpointError, ValueError) as exc:
+        raise SnapshotError(
+            f"dataset.source {uri} cannot be listed ({exc}); check the bucket and prefix, and that the "
+            "platform's S3 credentials may list and read them"
+        ) from None
+    base = f"{storage.uri}/"
+    return [
+        SourceFile(base + info.key, info.size, info.modified, lambda key=info.key: _s3_get(storage, key, uri))
+        for info in infos
+        if not pattern or fnmatch.fnmatchcase(info.key, pattern)
+    ]
+
+
+def _s3_get(storage, key: str, uri: str) -> bytes:
+    try:
+        return storage.get(key)
+    except (CheckpointError, FileNotFoundError, ValueError) as exc:
+        raise SnapshotError(
+            f"dataset.source {uri}: {key} cannot be read ({exc}); check the platform's access to it"
+        ) from None
+
+
+def _key(source: FileSource, files: list[list]) -> str:
+    body = json.dumps({"source": source.identity(), "files": files}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _recorded(root: SnapshotRoot, key: str) -> SnapshotManifest | None:
+    data = get_object(root, f"{RECORDS}/{key}.json")
+    if data is None:
+        return None
+    try:
+        return load_manifest(root, json.loads(data)["snapshot_id"])
+    except (SnapshotError, ValueError, KeyError, TypeError):
+        return None  # the snapshot was deleted, or the record damaged: build it again
+
+
+def _record(root: SnapshotRoot, key: str, manifest: SnapshotManifest) -> None:
+    put_object(root, f"{RECORDS}/{key}.json", json.dumps({"snapshot_id": manifest.snapshot_id}).encode())
+
+
+def _parse(data: bytes, file: SourceFile) -> pa.Table:
+    buffer = pa.BufferReader(data)
+    try:
+        if file.format == "parquet":
+            return pq.read_table(buffer)
+        if file.format == "csv":
+            return pa_csv.read_csv(buffer)
+        return pa_json.read_json(buffer)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SnapshotError(f"{file.name} cannot be read as {file.format} ({exc}); fix or remove the file") from None
+
+
+def _combine(tables: list[tuple[str, pa.Table]], uri: str) -> pa.Table:
+    """One table of every file's rows, in file order; columns must agree (integers widen to floats)."""
+    first_name, first = tables[0]
+    columns = first.column_names
+    types: dict[str, list[tuple[str, pa.DataType]]] = {name: [] for name in columns}
+    for name, table in tables:
+        if set(table.column_names) != set(columns):
+            only_here = sorted(set(table.column_names) - set(columns))
+            only_first = sorted(set(columns) - set(table.column_names))
+            raise SnapshotError(
+                f"dataset.source {uri}: files have conflicting schemas: {name} has columns "
+                f"{', '.join(only_here) or '(none more)'} and lacks {', '.join(only_first) or '(none)'} of "
+                f"{first_name}; give every file the same columns"
+            )
+        for column in columns:
+            types[column].append((name, table.schema.field(column).type))
+    target = pa.schema([(column, _common_type(column, found, uri)) for column, found in types.items()])
+    try:
+        return pa.concat_tables([table.select(columns).cast(target) for _, table in tables])
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SnapshotError(
+            f"dataset.source {uri}: files cannot be combined ({exc}); make their columns agree"
+        ) from None
+
+
+def _common_type(column: str, found: list[tuple[str, pa.DataType]], uri: str) -> pa.DataType:
+    kinds = {kind for _, kind in found if not pa.types.is_null(kind)}
+    if len(kinds) <= 1:
+        return kinds.pop() if kinds else pa.null()
+    if all(pa.types.is_integer(kind) for kind in kinds):
+        return pa.int64()
+    if all(pa.types.is_integer(kind) or pa.types.is_floating(kind) for kind in kinds):
+        return pa.float64()
+    typed = [(name, kind) for name, kind in found if not pa.types.is_null(kind)]
+    (name_a, type_a), (name_b, type_b) = next((a, b) for a in typed for b in typed if a[1] != b[1])
+    raise SnapshotError(
+        f"dataset.source {uri}: files have conflicting schemas: column {column!r} is {type_a} in {name_a} "
+        f"but {type_b} in {name_b}; make the files agree"
+    )
+
+
+def _write(source: FileSource, table: pa.Table, root: SnapshotRoot, content_key: str) -> SnapshotManifest:
+    if table.num_rows == 0:
+        raise SnapshotError(f"dataset.source {source.uri} has no rows; add data to its files")
+    features = _feature_columns(source, table)
+    labels, names = _labels(table, source)
+    split_rows = _split_rows(table, source)
+    feature_table = table.select(features)
+    integers = all(pa.types.is_integer(kind) for kind in feature_table.schema.types)
+    low = min(pc.min(column).as_py() for column in feature_table.columns)
+    high = max(pc.max(column).as_py() for column in feature_table.columns)
+    tables = {}
+    for split, rows in split_rows.items():
+        indices = pa.array(rows)
+        columns = {ROW_ID: indices.cast(pa.int64())}
+        columns |= {name: feature_table.column(name).take(indices) for name in features}
+        columns[LABEL] = pa.array(labels[rows])
+        tables[split] = pa.table(columns)
+    return write_tables(
+        root,
+        tables,
+        source=source.uri,
+        source_sha256=content_key,
+        num_classes=len(names) if names is not None else int(labels.max()) + 1,
+        feature_min=int(low) if integers else float(low),
+        feature_max=int(high) if integers else float(high),
+        split_seed=source.split.seed,
+        label_names=names,
+    )
+
+
+def _feature_columns(source: FileSource, table: pa.Table) -> list[str]:
+    columns, split = source.columns, source.split
+    declared = {"dataset.columns.label": [columns.label], "dataset.columns.features": columns.features or []}
+    declared |= {"dataset.split.column": [split.column] if split.column else []}
+    declared |= {"dataset.split.key": [split.key] if split.key else []}
+    for where, names in declared.items():
+        missing = [name for name in names if name not in table.column_names]
+        if missing:
+            raise SnapshotError(
+                f"{where}: column {', '.join(map(repr, missing))} is not in {source.uri}; its columns are "
+                f"{', '.join(table.column_names)}"
+            )
+    others = {columns.label, split.column, split.key}
+    features = columns.features or [
+        name for name in table.column_names if name not in others and _numeric(table.schema.field(name).type)
+    ]
+    for name in features:
+        if name in RESERVED_COLUMNS:
+            raise SnapshotError(
+                f"{source.uri}: feature column {name!r} has a name the snapshot keeps for its own; rename it in "
+                "the files, or leave it out with dataset.columns.features"
+            )
+        kind = table.schema.field(name).type
+        if not _numeric(kind):
+            raise SnapshotError(
+                f"{source.uri}: feature column {name!r} is {kind}, not numeric; list the numeric features in "
+                "dataset.columns.features"
+            )
+    if not features:
+        raise SnapshotError(f"{source.uri} has no numeric columns besides the label; add features to the files")
+    return features
+
+
+def _numeric(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+
+
+def _labels(table: pa.Table, source: FileSource) -> tuple[np.ndarray, list[str] | None]:
+    """Integer class ids; string labels become their index in the sorted names."""
+    name = source.columns.label
+    column = table.column(name)
+    if column.null_count:
+        first = pc.index(pc.is_null(column), True).as_py()
+        raise SnapshotError(
+            f"{source.uri}: label column {name!r} has {column.null_count} empty values (the first in row {first}); "
+            "drop or fill those rows"
+        )
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind):
+        column = column.cast(pa.string())
+        names = sorted(pc.unique(column).to_pylist())
+        return pc.index_in(column, value_set=pa.array(names)).to_numpy(zero_copy_only=False).astype(np.int64), names
+    if pa.types.is_boolean(kind) or pa.types.is_integer(kind):
+        labels = column.cast(pa.int64()).to_numpy(zero_copy_only=False)
+        if labels.min() < 0:
+            raise SnapshotError(f"{source.uri}: label column {name!r} has negative values; class ids start at 0")
+        return labels, None
+    raise SnapshotError(
+        f"{source.uri}: label column {name!r} is {kind}; labels must be integer class ids or strings"
+    )
+
+
+def _split_rows(table: pa.Table, source: FileSource) -> dict[str, np.ndarray]:
+    split = source.split
+    if split.column is not None:
+        values = table.column(split.column).cast(pa.string())
+        found = set(pc.unique(values).to_pylist())
+        unknown = sorted(str(value) for value in found - set(SPLITS))
+        if unknown:
+            raise SnapshotError(
+                f"dataset.split.column {split.column!r} has values {', '.join(unknown)}; use train, validation or test"
+            )
+        names = [name for name in SPLITS if name in found]
+        array = values.to_numpy(zero_copy_only=False)
+        rows = {name: np.flatnonzero(array == name) for name in names}
+        if "train" not in rows:
+            raise SnapshotError(f"dataset.split.column {split.column!r} marks no train rows; mark some")
+        return rows
+    names = [name for name in SPLITS if name in split.fractions]
+    bounds = np.cumsum([split.fractions[name] for name in names])[:-1]
+    position = (_key_hashes(table, source) >> np.uint64(11)).astype(np.float64) / _U53
+    assigned = np.searchsorted(bounds, position, side="right")
+    rows = {name: np.flatnonzero(assigned == index) for index, name in enumerate(names)}
+    empty = [name for name, members in rows.items() if not len(members)]
+    if empty:
+        raise SnapshotError(
+            f"dataset.split leaves {', '.join(empty)} empty ({table.num_rows} rows in all); raise its fraction, "
+            "add rows, or leave the split out of dataset.split.fractions"
+        )
+    return rows
+
+
+def _key_hashes(table: pa.Table, source: FileSource) -> np.ndarray:
+    """A 64-bit hash per row of the seed and the row's key (its position where no key column is named)."""
+    seed, key = source.split.seed, source.split.key
+    if key is None:
+        return _splitmix64(np.arange(table.num_rows, dtype=np.uint64) ^ _splitmix64(np.uint64(seed)))
+    column = table.column(key)
+    if column.null_count:
+        raise SnapshotError(f"dataset.split.key {key!r} has {column.null_count} empty values; every row needs a key")
+    if pa.types.is_integer(column.type):
+        values = column.cast(pa.int64()).to_numpy(zero_copy_only=False).view(np.uint64)
+        return _splitmix64(values ^ _splitmix64(np.uint64(seed)))
+    # Other keys (strings, mostly) hash by their text, once per distinct value.
+    encoded = pc.dictionary_encode(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column)
+    digests = np.array(
+        [int.from_bytes(hashlib.sha256(f"{seed}:{value}".encode()).digest()[:8], "big")
+         for value in encoded.dictionary.to_pylist()],
+        dtype=np.uint64,
+    )
+    return digests[encoded.indices.to_numpy(zero_copy_only=False)]
+
+
+def _splitmix64(values: np.ndarray | np.uint64) -> np.ndarray:
+    """SplitMix64's finalizer: a fixed, well-mixed 64-bit hash that no library upgrade can change."""
+    with np.errstate(over="ignore"):
+        z = np.asarray(values, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
