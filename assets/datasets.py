@@ -1,16 +1,20 @@
 """The dataset snapshot asset, one partition per day (the data as of that day), and its blocking GX check."""
 
+import json
 from datetime import UTC, date, datetime
 from pathlib import Path
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from resources.platform import PlatformResource
 from training_platform.datasets import validate_snapshot
-from training_platform.datasets.daily import DIGITS_DAILY, build_snapshot_as_of, default_landing
+from training_platform.datasets.daily import DIGITS_DAILY, DatedSnapshot, build_snapshot_as_of, default_landing
+from training_platform.datasets.file_spec import FileSplit, is_file_uri
+from training_platform.datasets.files import FileSource, build_file_snapshot
 from training_platform.errors import SpecError
 from training_platform.runs import spec_from_json
+from training_platform.spec import DatasetSpec, format_validation_error
 from training_platform.submission import SNAPSHOT_ASSET, SNAPSHOT_CHECK
 
 SNAPSHOT_START_DATE = "2026-11-01"
@@ -38,6 +42,11 @@ class SnapshotConfig(dg.Config):
         None,
         description="a TrainSpec (JSON) to train once this snapshot passes its expectations: the run named by the "
         "run's `tp/then_train` tag (`tp train`), or each backfilled day's run (`tp retrain`)",
+    )
+    dataset: str | None = Field(
+        None,
+        description="for a source of your own files: the spec's dataset section (JSON) with its columns and split, "
+        'e.g. {"source": "/data/wine", "columns": {"label": "target"}}',
     )
 
 
@@ -70,7 +79,7 @@ def dataset_snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig, 
         spec_from_json(config.spec, source="dataset_snapshot config: spec")
     root = platform.paths().snapshots
     day = date.fromisoformat(context.partition_key)
-    built = build_snapshot_as_of(config.source, root, as_of=day, landing=landing_for(platform, config.landing_dir))
+    built = _build(config, platform, day)
     manifest = built.manifest
     context.log.info(
         f"snapshot {manifest.snapshot_id} of {config.source} as of {day}: {manifest.rows}, {len(built.drops)} drops"
@@ -107,6 +116,36 @@ def dataset_snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig, 
             "failed": dg.MetadataValue.json(report.to_dict()["results"] if not report.success else []),
         },
     )
+
+
+def _build(config: SnapshotConfig, platform: PlatformResource, day: date) -> DatedSnapshot:
+    root = platform.paths().snapshots
+    if config.dataset is None:
+        if is_file_uri(config.source):
+            raise SpecError(
+                f"dataset_snapshot config: source {config.source} is your own files; say how to read them in "
+                'config.dataset, e.g. {"source": "...", "columns": {"label": "target"}} (tp train does)'
+            )
+        return build_snapshot_as_of(config.source, root, as_of=day, landing=landing_for(platform, config.landing_dir))
+    dataset = _dataset_from_json(config.dataset)
+    if dataset.source != config.source or dataset.columns is None:
+        raise SpecError(
+            f"dataset_snapshot config: dataset.source {dataset.source} is not the source {config.source}, or names "
+            "no columns; give the spec's dataset section for the source being built"
+        )
+    source = FileSource(uri=dataset.source, columns=dataset.columns, split=dataset.split or FileSplit())
+    built = build_file_snapshot(source, root, outside=platform.paths().root)
+    return DatedSnapshot(manifest=built.manifest, as_of=None)
+
+
+def _dataset_from_json(raw: str) -> DatasetSpec:
+    where = "dataset_snapshot config: dataset"
+    try:
+        return DatasetSpec.model_validate(json.loads(raw))
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"{where}: not JSON ({exc}); give the spec's dataset section as JSON") from None
+    except ValidationError as exc:
+        raise SpecError(format_validation_error(exc, DatasetSpec, where)) from None
 
 
 def resolve_snapshot_id(instance: dg.DagsterInstance, source: str | None, as_of: date | None) -> str:

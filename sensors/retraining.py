@@ -90,7 +90,7 @@ def build_retraining_schedule(settings: RetrainingConfig) -> dg.ScheduleDefiniti
         return dg.RunRequest(
             run_key=run_id,
             partition_key=day.isoformat(),
-            run_config=snapshot_run_config(spec.dataset.source),
+            run_config=snapshot_run_config(spec.dataset.source, dataset=spec.dataset),
             tags={THEN_TRAIN_TAG: run_id, **spec_tags(spec)},
         )
 

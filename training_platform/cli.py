@@ -39,7 +39,7 @@ from training_platform.launch import RunRequest
 from training_platform.launch.registry import launcher_for
 from training_platform.lifecycle import commands as lifecycle_commands
 from training_platform.paths import PlatformHome
-from training_platform.preflight import preflight
+from training_platform.preflight import check_own_files, preflight
 from training_platform.redaction import redact
 from training_platform.retraining import days_between
 from training_platform.run_windows import RunWindowQueue, run_window, waits_for_window
@@ -85,6 +85,7 @@ def _validated(spec: TrainSpec, platform_home: PlatformHome, launcher: str | Non
         spec = parse_spec({**spec.model_dump(mode="json"), "backend": launcher}, source="--launcher")
     store_uri = spec.checkpoint.store_uri or str(platform_home.checkpoints)
     spec = preflight(spec, platform_home, store_uri)
+    check_own_files(spec)
     backend = launcher_for(spec.backend)
     backend.check(backend.plan(RunRequest(spec=spec, run_id="preflight", run_dir=platform_home.runs / ".preflight")))
     return spec

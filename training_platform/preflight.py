@@ -29,6 +29,21 @@ def check_snapshot(spec: TrainSpec, home: PlatformHome) -> None:
         raise SpecError(f"dataset.snapshot_id: {exc}") from None
 
 
+def check_own_files(spec: TrainSpec) -> None:
+    """A spec that snapshots your own files: they exist and have the declared columns. Called where a spec is
+    submitted (`tp train`, `tp sweep`), not by the training asset: a built snapshot trains without its files."""
+    if not spec.dataset.is_file_source or spec.dataset.source is None or spec.dataset.columns is None:
+        return
+    from training_platform.datasets.file_spec import FileSplit
+    from training_platform.datasets.files import FileSource, check_source
+
+    source = FileSource(uri=spec.dataset.source, columns=spec.dataset.columns, split=spec.dataset.split or FileSplit())
+    try:
+        check_source(source)
+    except SnapshotError as exc:
+        raise SpecError(str(exc)) from None
+
+
 def check_store_writable(store_uri: str) -> None:
     """A local checkpoint directory must be creatable and writable (S3 is checked by its tier)."""
     if store_uri.startswith("s3://"):

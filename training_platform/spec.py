@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
+from training_platform.datasets.file_spec import FileColumns, FileSplit, check_file_uri, is_file_uri
 from training_platform.errors import SpecError
 from training_platform.identifiers import K8S_NAME, SLURM_NAME
 from training_platform.train.templates import TEMPLATES as MODEL_TEMPLATES
@@ -57,7 +58,10 @@ class ModelSpec(_Strict):
 
 class DatasetSpec(_Strict):
     source: str | None = Field(
-        "sklearn_digits", description=f"data source to snapshot, one of {', '.join(DATASET_SOURCES)}"
+        "sklearn_digits",
+        description=f"data to snapshot: one of {', '.join(DATASET_SOURCES)}, or your own files: a path, a "
+        "directory, a glob or s3://bucket/prefix of Parquet, CSV or JSON Lines files (a relative path is read "
+        "from the spec file's directory)",
     )
     snapshot_id: str | None = Field(
         None, description="an existing snapshot id (64 hex characters); overrides building from source"
@@ -65,12 +69,21 @@ class DatasetSpec(_Strict):
     as_of: date | None = Field(
         None, description="train on the dataset_snapshot of this day (YYYY-MM-DD); default: the newest day built"
     )
+    columns: FileColumns | None = Field(None, description="your files' columns by role: label, features")
+    split: FileSplit | None = Field(
+        None, description="how your files' rows split: an existing column, or fractions by a key's hash (70/15/15)"
+    )
 
     @field_validator("source")
     @classmethod
     def _known_source(cls, value: str | None) -> str | None:
         if value is not None and value not in DATASET_SOURCES:
-            raise ValueError(f"unknown source {value!r}; use one of: {', '.join(DATASET_SOURCES)}")
+            if not is_file_uri(value):
+                raise ValueError(
+                    f"unknown source {value!r}; use one of: {', '.join(DATASET_SOURCES)}, or your own files: a "
+                    f"path such as ./{value}, a glob or an s3:// URI"
+                )
+            return check_file_uri(value)
         return value
 
     @field_validator("snapshot_id")
@@ -84,7 +97,20 @@ class DatasetSpec(_Strict):
     def _one_of(self) -> DatasetSpec:
         if self.source is None and self.snapshot_id is None:
             raise ValueError("set either dataset.source or dataset.snapshot_id")
+        if self.is_file_source and self.columns is None:
+            raise ValueError(
+                f"dataset.source {self.source} is your own files: name their label column in dataset.columns.label"
+            )
+        if not self.is_file_source and (self.columns is not None or self.split is not None):
+            raise ValueError(
+                "dataset.columns and dataset.split describe your own files; set dataset.source to their path or "
+                "s3:// URI, or leave them out"
+            )
         return self
+
+    @property
+    def is_file_source(self) -> bool:
+        return self.source is not None and self.source not in DATASET_SOURCES
 
 
 class TrainingSpec(_Strict):
@@ -405,7 +431,18 @@ def load_spec(path: str | Path) -> TrainSpec:
     """Read a YAML (or JSON) spec file and validate it."""
     path = Path(path)
     spec = parse_spec(read_yaml_file(path, "spec"), source=str(path))
-    return with_script_code(spec, path.parent)
+    return with_script_code(with_data_path(spec, path.parent), path.parent)
+
+
+def with_data_path(spec: TrainSpec, base: Path) -> TrainSpec:
+    """The spec with a relative path to its own files resolved against `base` (the spec file's directory):
+    the platform server that builds the snapshot may run anywhere."""
+    source = spec.dataset.source
+    if not spec.dataset.is_file_source or source is None or "://" in source:
+        return spec
+    path = Path(source).expanduser()
+    absolute = str(path if path.is_absolute() else (base / path).resolve())
+    return spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"source": absolute})})
 
 
 def with_script_code(spec: TrainSpec, base: Path) -> TrainSpec:

@@ -6,7 +6,7 @@ so both sides name a job, a tag or a config field the same way.
 
 from __future__ import annotations
 
-from training_platform.spec import TrainSpec
+from training_platform.spec import DatasetSpec, TrainSpec
 
 LOCATION = "definitions"
 """The code location's name (the `definitions` module) and its repository's, as the server knows them."""
@@ -67,11 +67,16 @@ def training_run_config(spec: TrainSpec | None = None, backend: str | None = Non
     return {"ops": {"training_run": {"config": config}}} if config else {}
 
 
-def snapshot_run_config(source: str, landing_dir: str | None = None, then_train: TrainSpec | None = None) -> dict:
-    """Config of a dataset_snapshot run that builds `source`, then (tagged THEN_TRAIN_TAG) trains `then_train`."""
+def snapshot_run_config(
+    source: str, landing_dir: str | None = None, then_train: TrainSpec | None = None, dataset: DatasetSpec | None = None
+) -> dict:
+    """Config of a dataset_snapshot run that builds `source`, then (tagged THEN_TRAIN_TAG) trains `then_train`;
+    `dataset` says how to read a source of your own files (its columns and split)."""
     config: dict[str, str] = {"source": source}
     if landing_dir:
         config["landing_dir"] = landing_dir
     if then_train is not None:
         config["spec"] = then_train.model_dump_json()
+    if dataset is not None and dataset.is_file_source:
+        config["dataset"] = dataset.model_dump_json(include={"source", "columns", "split"})
     return {"ops": {"dataset_snapshot": {"config": config}}}

@@ -20,6 +20,19 @@ def test_examples_load():
             assert load_spec(path).name
 
 
+def test_own_files_are_read_from_the_spec_files_directory(tmp_path):
+    example = load_spec(EXAMPLES / "own_data" / "spec.yaml")
+    assert example.dataset.source == str(EXAMPLES / "own_data" / "data")
+    assert example.dataset.columns.label == "cultivar"
+    (tmp_path / "team").mkdir()
+    data = {**MINIMAL, "dataset": {"source": "../drops/*.csv", "columns": {"label": "y"}}}
+    (tmp_path / "team" / "spec.yaml").write_text(yaml.safe_dump(data))
+    assert load_spec(tmp_path / "team" / "spec.yaml").dataset.source == str(tmp_path / "drops" / "*.csv")
+    bucket = {**MINIMAL, "dataset": {"source": "s3://team-a/drops/", "columns": {"label": "y"}}}
+    (tmp_path / "bucket.yaml").write_text(yaml.safe_dump(bucket))
+    assert load_spec(tmp_path / "bucket.yaml").dataset.source == "s3://team-a/drops/"
+
+
 def test_defaults_fill_a_minimal_spec():
     spec = parse_spec(MINIMAL)
     assert spec.strategy == "ddp"
@@ -87,6 +100,16 @@ BAD = [
     (_with("resources", {"gpu_type": "H100"}), "resources", "gpus_per_node"),
     (_with("resources", {"gpus_per_node": 1, "procs_per_node": 2}), "resources", "one process per GPU"),
     (_with("dataset", {"source": None}), "dataset", "snapshot_id"),
+    (_with("dataset.source", "wine"), "dataset.source", "your own files: a path such as ./wine"),
+    (_with("dataset", {"source": "./wine"}), "dataset", "name their label column in dataset.columns.label"),
+    (_with("dataset", {"source": "sklearn_digits", "split": {"key": "id"}}), "dataset", "describe your own files"),
+    (_with("dataset", {"source": "s3:///wine", "columns": {"label": "y"}}), "dataset.source", "names no bucket"),
+    (_with("dataset", {"source": "gs://b/wine", "columns": {"label": "y"}}), "dataset.source", "s3://"),
+    (
+        _with("dataset", {"source": "./w", "columns": {"label": "y"}, "split": {"fractions": {"train": 0.5}}}),
+        "dataset.split.fractions",
+        "make them sum to 1",
+    ),
 ]
 
 

@@ -43,7 +43,7 @@ def launch_retrain(client: PlatformClient, spec: TrainSpec, days: list[date]) ->
     serial = f"retrain-{spec.name}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     backfill_id = client.launch_backfill(
         "dataset_snapshot", todo, tags=spec_tags(spec, **{SERIAL_TAG: serial}),
-        run_config=snapshot_run_config(spec.dataset.source, then_train=spec),
+        run_config=snapshot_run_config(spec.dataset.source, then_train=spec, dataset=spec.dataset),
     )
     return Retrain(backfill_id, days, trained)
 

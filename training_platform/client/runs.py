@@ -90,7 +90,9 @@ def submit_snapshot(
     return client.submit(
         SNAPSHOT_JOB,
         tags={**tags, PARTITION_TAG: day, **chained},
-        run_config=snapshot_run_config(spec.dataset.source, then_train=spec if then_train else None),
+        run_config=snapshot_run_config(
+            spec.dataset.source, then_train=spec if then_train else None, dataset=spec.dataset
+        ),
     )
 
 
@@ -100,7 +102,10 @@ def resubmit(client: PlatformClient, run_id: str, tags: dict[str, str], assets: 
 
 
 def _has_snapshot(client: PlatformClient, spec: TrainSpec) -> bool:
-    """The day's snapshot of the spec's source exists and passed its expectations (then it is reused)."""
+    """The day's snapshot of the spec's source exists and passed its expectations (then it is reused). Your own
+    files may have changed since: their snapshot is always asked for (unchanged files cost a listing)."""
+    if spec.dataset.is_file_source:
+        return False
     day = (spec.dataset.as_of or datetime.now(UTC).date()).isoformat()
     for metadata, _ in client.asset_materializations("dataset_snapshot", day):
         if metadata.get("source") == spec.dataset.source:

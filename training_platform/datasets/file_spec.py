@@ -5,16 +5,40 @@ Pydantic only (no pyarrow), so the spec module can import it for free; the build
 
 from __future__ import annotations
 
+import glob
 import math
+from pathlib import PurePosixPath
 from typing import Literal
+from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+"""Data file types by extension."""
 SPLIT_SEED = 20240101
 DEFAULT_FRACTIONS = {"train": 0.70, "validation": 0.15, "test": 0.15}
 RESERVED_COLUMNS = ("row_id", "label", "split")
 """Names a snapshot gives its own columns; a source column may not take one as a feature."""
 SplitName = Literal["train", "validation", "test"]
+
+
+def is_file_uri(value: str) -> bool:
+    """Whether a dataset.source names files (a path, a glob, file:// or s3://) rather than a built-in source."""
+    return (
+        value.startswith(("s3://", "file://", "/", ".", "~"))
+        or "/" in value
+        or PurePosixPath(value).suffix.lower() in FORMATS
+        or glob.has_magic(value)
+    )
+
+
+def check_file_uri(value: str) -> str:
+    """The URI, or a ValueError naming what is wrong with it."""
+    if value.startswith("s3://") and not urlparse(value).netloc:
+        raise ValueError(f"{value!r} names no bucket; write s3://bucket/prefix")
+    if "://" in value and not value.startswith(("s3://", "file://")):
+        raise ValueError(f"{value!r}: only local paths, file:// and s3:// are supported")
+    return value
 
 
 class _Strict(BaseModel):

@@ -30,12 +30,11 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from training_platform.datasets.builder import write_tables
-from training_platform.datasets.file_spec import RESERVED_COLUMNS, FileColumns, FileSplit
+from training_platform.datasets.file_spec import FORMATS, RESERVED_COLUMNS, FileColumns, FileSplit
 from training_platform.datasets.manifest import LABEL, ROW_ID, SPLITS, SnapshotManifest
 from training_platform.datasets.store import SnapshotRoot, get_object, load_manifest, put_object
 from training_platform.errors import CheckpointError, SnapshotError
 
-FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 RECORDS = "sources"
 _U53 = float(2**53)
 
@@ -79,15 +78,15 @@ class FileSnapshot:
     """False where a record found the snapshot: no file was parsed and nothing was written."""
 
 
-def build_file_snapshot(source: FileSource, root: SnapshotRoot) -> FileSnapshot:
-    """Build (or find) the snapshot of a file source under root: unchanged files, the same snapshot."""
+def build_file_snapshot(source: FileSource, root: SnapshotRoot, *, outside: Path | None = None) -> FileSnapshot:
+    """Build (or find) the snapshot of a file source under root: unchanged files, the same snapshot.
+
+    `outside`: a directory no file may be in (the platform's home: other teams' runs, checkpoints, settings).
+    """
     files = list_source_files(source.uri)
-    formats = sorted({file.format for file in files})
-    if len(formats) > 1:
-        raise SnapshotError(
-            f"dataset.source {source.uri} mixes file formats ({', '.join(formats)}); keep one format per source, "
-            "or narrow it with a glob such as *.parquet"
-        )
+    if outside is not None:
+        _refuse_inside(files, source.uri, outside)
+    _one_format(files, source.uri)
     stat_key = _key(source, [[file.name, file.size, file.modified] for file in files])
     found = _recorded(root, stat_key)
     if found is not None:
@@ -116,6 +115,40 @@ def list_source_files(uri: str) -> list[SourceFile]:
             f"{', '.join(sorted(set(FORMATS)))} files"
         )
     return sorted(files, key=lambda file: file.name)
+
+
+def check_source(source: FileSource) -> None:
+    """What can be told before a build, cheaply: files exist, one format, the declared columns are in the first
+    file (a Parquet footer or a CSV's first block; JSON Lines and S3 objects are checked by the build)."""
+    files = list_source_files(source.uri)
+    _one_format(files, source.uri)
+    first = files[0]
+    if first.name.startswith("s3://") or first.format == "jsonl":
+        return
+    try:
+        schema = pq.read_schema(first.name) if first.format == "parquet" else pa_csv.open_csv(first.name).schema
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SnapshotError(f"{first.name} cannot be read as {first.format} ({exc}); fix or remove the file") from None
+    _check_declared(source, schema.names)
+
+
+def _one_format(files: list[SourceFile], uri: str) -> None:
+    formats = sorted({file.format for file in files})
+    if len(formats) > 1:
+        raise SnapshotError(
+            f"dataset.source {uri} mixes file formats ({', '.join(formats)}); keep one format per source, "
+            "or narrow it with a glob such as *.parquet"
+        )
+
+
+def _refuse_inside(files: list[SourceFile], uri: str, home: Path) -> None:
+    home = home.resolve()
+    for file in files:
+        if not file.name.startswith("s3://") and home in Path(file.name).parents:
+            raise SnapshotError(
+                f"dataset.source {uri} reaches {file.name}, inside the platform's home {home}; keep your data "
+                "outside it"
+            )
 
 
 def _is_data_file(name: str) -> bool:
@@ -277,18 +310,23 @@ def _write(source: FileSource, table: pa.Table, root: SnapshotRoot, content_key:
     )
 
 
-def _feature_columns(source: FileSource, table: pa.Table) -> list[str]:
+def _check_declared(source: FileSource, found: list[str]) -> None:
     columns, split = source.columns, source.split
     declared = {"dataset.columns.label": [columns.label], "dataset.columns.features": columns.features or []}
     declared |= {"dataset.split.column": [split.column] if split.column else []}
     declared |= {"dataset.split.key": [split.key] if split.key else []}
     for where, names in declared.items():
-        missing = [name for name in names if name not in table.column_names]
+        missing = [name for name in names if name not in found]
         if missing:
             raise SnapshotError(
                 f"{where}: column {', '.join(map(repr, missing))} is not in {source.uri}; its columns are "
-                f"{', '.join(table.column_names)}"
+                f"{', '.join(found)}"
             )
+
+
+def _feature_columns(source: FileSource, table: pa.Table) -> list[str]:
+    columns, split = source.columns, source.split
+    _check_declared(source, table.column_names)
     others = {columns.label, split.column, split.key}
     features = columns.features or [
         name for name in table.column_names if name not in others and _numeric(table.schema.field(name).type)
