@@ -93,6 +93,9 @@ class CheckpointCadence:
         self.mtbf_seconds = mtbf_seconds
         self.last_saved = 0
         self.choice: IntervalChoice | None = None
+        """The interval this rank proposes (the main rank's latest, adopted at the ranks' next agreement)."""
+        self.adopted: IntervalChoice | None = None
+        """The interval the ranks save at (the main rank's record of it): what a run reports and its events say."""
         self._costs: list[float] = []
         self._costs_changed = False
         self._step_times: list[float] = []
@@ -138,4 +141,6 @@ class CheckpointCadence:
         if not self.auto or steps < 1 or (self._adopted and int(steps) == self.every):
             return False
         self.every, self._adopted = int(steps), True
+        if self.choice is not None and self.choice.steps == self.every:
+            self.adopted = self.choice
         return True

@@ -192,7 +192,7 @@ class TrainingSession:
         return self.cadence.proposal()
 
     def _announce_interval(self) -> None:
-        choice = self.cadence.choice
+        choice = self.cadence.adopted
         assert choice is not None, "the main rank adopts only what it proposed"
         self._event("checkpoint_interval", counted_from_step=self.cadence.last_saved, **choice.record())
         inputs = choice.inputs
@@ -355,7 +355,8 @@ class TrainingSession:
             "train_seconds": round(time.monotonic() - self._started, 3),
             "metrics": metrics,
             # every_steps: auto's last choice and its inputs (None for a fixed interval)
-            "checkpoint_interval": self.cadence.choice.record() if self.cadence.choice else None,
+            # What the ranks saved at: a newer proposal the run ended before agreeing on never took effect.
+            "checkpoint_interval": self.cadence.adopted.record() if self.cadence.adopted else None,
         }
 
     def flush(self) -> None:
