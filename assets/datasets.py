@@ -3,6 +3,7 @@
 import json
 from datetime import UTC, date, datetime
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 from pydantic import Field, ValidationError
@@ -10,8 +11,8 @@ from pydantic import Field, ValidationError
 from resources.platform import PlatformResource
 from training_platform.datasets import validate_snapshot
 from training_platform.datasets.daily import DIGITS_DAILY, DatedSnapshot, build_snapshot_as_of, default_landing
-from training_platform.datasets.file_spec import FileSplit, is_file_uri
-from training_platform.datasets.files import FileSource, build_file_snapshot
+from training_platform.datasets.file_spec import FileExpectations, FileSplit, is_file_uri
+from training_platform.datasets.files import FileSource, build_file_snapshot, read_source_table
 from training_platform.errors import SpecError
 from training_platform.runs import spec_from_json
 from training_platform.spec import DatasetSpec, format_validation_error
@@ -26,6 +27,9 @@ EXPECTATIONS = SNAPSHOT_CHECK
 ASSET_KEY = dg.AssetKey(SNAPSHOT_ASSET)
 
 # end_offset=1: today's partition exists (data as of now, rebuilt as drops land), not only finished days.
+OwnFiles = tuple[Any, FileExpectations]
+"""A file source's rows (a pandas frame) and the spec's expectations on them."""
+
 daily_snapshots = dg.DailyPartitionsDefinition(
     start_date=SNAPSHOT_START_DATE, timezone=SNAPSHOT_TIMEZONE, end_offset=1
 )
@@ -79,12 +83,12 @@ def dataset_snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig, 
         spec_from_json(config.spec, source="dataset_snapshot config: spec")
     root = platform.paths().snapshots
     day = date.fromisoformat(context.partition_key)
-    built = _build(config, platform, day)
+    built, own_files = _build(config, platform, day)
     manifest = built.manifest
     context.log.info(
         f"snapshot {manifest.snapshot_id} of {config.source} as of {day}: {manifest.rows}, {len(built.drops)} drops"
     )
-    report = validate_snapshot(root, manifest.snapshot_id)
+    report = validate_snapshot(root, manifest.snapshot_id, own_files)
     summary = manifest.summary() | {"day": day.isoformat(), "drops": [d.as_dict() for d in built.drops]}
     metadata = {
         "snapshot_id": manifest.snapshot_id,
@@ -118,7 +122,8 @@ def dataset_snapshot(context: dg.AssetExecutionContext, config: SnapshotConfig, 
     )
 
 
-def _build(config: SnapshotConfig, platform: PlatformResource, day: date) -> DatedSnapshot:
+def _build(config: SnapshotConfig, platform: PlatformResource, day: date) -> tuple[DatedSnapshot, OwnFiles | None]:
+    """The day's snapshot, and for a file source with expectations: its files' rows and those expectations."""
     root = platform.paths().snapshots
     if config.dataset is None:
         if is_file_uri(config.source):
@@ -126,7 +131,8 @@ def _build(config: SnapshotConfig, platform: PlatformResource, day: date) -> Dat
                 f"dataset_snapshot config: source {config.source} is your own files; say how to read them in "
                 'config.dataset, e.g. {"source": "...", "columns": {"label": "target"}} (tp train does)'
             )
-        return build_snapshot_as_of(config.source, root, as_of=day, landing=landing_for(platform, config.landing_dir))
+        landing = landing_for(platform, config.landing_dir)
+        return build_snapshot_as_of(config.source, root, as_of=day, landing=landing), None
     dataset = _dataset_from_json(config.dataset)
     if dataset.source != config.source or dataset.columns is None:
         raise SpecError(
@@ -134,8 +140,12 @@ def _build(config: SnapshotConfig, platform: PlatformResource, day: date) -> Dat
             "no columns; give the spec's dataset section for the source being built"
         )
     source = FileSource(uri=dataset.source, columns=dataset.columns, split=dataset.split or FileSplit())
-    built = build_file_snapshot(source, root, outside=platform.paths().root)
-    return DatedSnapshot(manifest=built.manifest, as_of=None)
+    manifest = build_file_snapshot(source, root, outside=platform.paths().root).manifest
+    built = DatedSnapshot(manifest=manifest, as_of=None)
+    if dataset.expectations is None:
+        return built, None
+    # Checked on the files' own rows (their names, the label as text, keys): read again, a second parse.
+    return built, (read_source_table(source).to_pandas(), dataset.expectations)
 
 
 def _dataset_from_json(raw: str) -> DatasetSpec:
@@ -146,6 +156,23 @@ def _dataset_from_json(raw: str) -> DatasetSpec:
         raise SpecError(f"{where}: not JSON ({exc}); give the spec's dataset section as JSON") from None
     except ValidationError as exc:
         raise SpecError(format_validation_error(exc, DatasetSpec, where)) from None
+
+
+def refuse_failed_snapshot(instance: dg.DagsterInstance, snapshot_id: str) -> None:
+    """A snapshot named by id (a spec's dataset.snapshot_id, a sweep's trials) trains only if its newest verdict
+    passed. A snapshot no check ever saw (built outside the asset, as tests do) is not refused."""
+    records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=ASSET_KEY), limit=1000).records
+    for record in records:  # newest first
+        metadata = record.asset_materialization.metadata
+        if "snapshot_id" not in metadata or metadata["snapshot_id"].value != snapshot_id:
+            continue
+        if "expectations_passed" in metadata and not metadata["expectations_passed"].value:
+            raise SpecError(
+                f"dataset.snapshot_id: snapshot {snapshot_id} failed its expectations (dataset_snapshot "
+                f"{record.asset_materialization.partition}); `tp snapshots show {snapshot_id[:12]}` says which, fix "
+                "the data and train on the snapshot that passes"
+            )
+        return
 
 
 def resolve_snapshot_id(instance: dg.DagsterInstance, source: str | None, as_of: date | None) -> str:

@@ -74,6 +74,10 @@ def training_run(
         context.log.info(f"run {run_id} finished before: reproducing it from scratch ({attempt.checkpoint_key})")
     else:
         spec = load_run_spec(home, run_id)
+        if spec.dataset.snapshot_id:  # named by id: its verdict counts as much as a resolved one's
+            from assets.datasets import refuse_failed_snapshot
+
+            refuse_failed_snapshot(context.instance, spec.dataset.snapshot_id)
         spec = spec.with_snapshot(spec.dataset.snapshot_id or _latest_snapshot_id(context))
     store_uri = platform.store_uri_for(spec.checkpoint.store_uri)
     spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"store_uri": store_uri})})

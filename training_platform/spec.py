@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from training_platform.datasets.file_spec import FileColumns, FileSplit, check_file_uri, is_file_uri
+from training_platform.datasets.file_spec import FileColumns, FileExpectations, FileSplit, check_file_uri, is_file_uri
 from training_platform.errors import SpecError
 from training_platform.identifiers import K8S_NAME, SLURM_NAME
 from training_platform.train.templates import TEMPLATES as MODEL_TEMPLATES
@@ -73,6 +73,9 @@ class DatasetSpec(_Strict):
     split: FileSplit | None = Field(
         None, description="how your files' rows split: an existing column, or fractions by a key's hash (70/15/15)"
     )
+    expectations: FileExpectations | None = Field(
+        None, description="what your files' columns must hold (types, not null, ranges, values, unique, row count)"
+    )
 
     @field_validator("source")
     @classmethod
@@ -101,10 +104,12 @@ class DatasetSpec(_Strict):
             raise ValueError(
                 f"dataset.source {self.source} is your own files: name their label column in dataset.columns.label"
             )
-        if not self.is_file_source and (self.columns is not None or self.split is not None):
+        if not self.is_file_source and any(
+            part is not None for part in (self.columns, self.split, self.expectations)
+        ):
             raise ValueError(
-                "dataset.columns and dataset.split describe your own files; set dataset.source to their path or "
-                "s3:// URI, or leave them out"
+                "dataset.columns, dataset.split and dataset.expectations describe your own files; set "
+                "dataset.source to their path or s3:// URI, or leave them out"
             )
         return self
 

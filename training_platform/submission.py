@@ -78,5 +78,5 @@ def snapshot_run_config(
     if then_train is not None:
         config["spec"] = then_train.model_dump_json()
     if dataset is not None and dataset.is_file_source:
-        config["dataset"] = dataset.model_dump_json(include={"source", "columns", "split"})
+        config["dataset"] = dataset.model_dump_json(include={"source", "columns", "split", "expectations"})
     return {"ops": {"dataset_snapshot": {"config": config}}}

@@ -10,6 +10,7 @@ import yaml
 
 from tests.fixtures.platform import ROOT, last_json, server_logs
 from training_platform.datasets import load_manifest
+from training_platform.submission import TRAINING_JOB
 
 pytestmark = pytest.mark.integration
 EXAMPLE = ROOT / "examples" / "own_data"
@@ -55,3 +56,16 @@ def test_own_parquet_files_train_and_register_a_model(platform, user_dir):
     assert "dataset.columns.label: column 'grape' is not in" in missing.stderr and "cultivar" in missing.stderr
     with platform.instance() as instance:
         assert instance.get_runs_count() == runs_before
+
+
+def test_files_that_fail_the_specs_expectations_never_train(platform, user_dir):
+    strict = _variant(user_dir, "strict.yaml", expectations={"columns": {"alcohol": {"max": 14}}})
+    proc = platform.tp("train", str(strict), "--json")
+    assert proc.returncode != 0
+    result = last_json(proc)
+    assert result["status"] == "FAILED", result
+    # The failing expectation by name, with its count, where the user looks: the error and `tp snapshots show`.
+    assert "alcohol in ..14" in result["error"], result["error"]
+    with platform.instance() as instance:
+        trained = [run for run in instance.get_runs() if run.job_name == TRAINING_JOB]
+    assert [run.tags.get("dagster/partition") for run in trained].count(result["run_id"]) == 0

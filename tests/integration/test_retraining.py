@@ -186,6 +186,20 @@ def test_a_drop_that_fails_the_expectations_is_blocked(home, instance):
         resolve_snapshot_id(instance, "digits_daily", NOV[3])
     assert _tick(retraining_sensor, instance).run_requests == []
 
+    # Named by id, the failed snapshot is refused all the same, before anything launches.
+    failed_id = check.metadata["snapshot_id"].value
+    spec = parse_spec({"name": "pinned", "team": "qa", "owner": "ci", "dataset": {"snapshot_id": failed_id},
+                       "training": {"max_steps": 5}, "resources": {"procs_per_node": 1}})
+    register_run(home, spec, "pinned-1")
+    instance.add_dynamic_partitions("training_runs", ["pinned-1"])
+    pinned = dg.materialize(ALL_ASSETS, selection=["training_run"], partition_key="pinned-1", instance=instance,
+                            resources=defs.resources, raise_on_error=False)
+    assert not pinned.success
+    failure = next(e for e in pinned.all_events if e.is_step_failure)
+    message = failure.step_failure_data.error.to_string() if failure.step_failure_data.error else ""
+    assert f"dataset.snapshot_id: snapshot {failed_id} failed its expectations" in message, message
+    assert not (home.run_dir("pinned-1") / "worker.log").exists()
+
 
 def test_a_corrupted_shard_fails_the_run_before_training_naming_the_shard(home, instance):
     manifest = build_snapshot("sklearn_digits", home.snapshots)

@@ -209,6 +209,10 @@ def _verdict(client: PlatformClient, run_id: str, run: DagsterRun, retries_allow
         return Progress(run_id, "SUCCEEDED", run)
     if run.status == "CANCELED":
         return Progress(run_id, "CANCELED", run, error="the run was cancelled")
+    if not run.trains:  # a snapshot that failed its expectations: say which, not Dagster's "blocking check failed"
+        failed = [check for check in client.check_results(run.id) if not check.passed]
+        if failed:
+            return Progress(run_id, "FAILED", run, error=f"the dataset snapshot did not pass: {failed[0].description}")
     failure = client.failure(run.id)
     if run.trains and failure.metadata.get("preempted"):
         return Progress(run_id, "preempted: waiting for the resume", run, error=failure.message)

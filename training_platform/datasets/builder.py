@@ -85,6 +85,9 @@ def write_tables(
     feature_max: int | float,
     split_seed: int,
     label_names: list[str] | None = None,
+    feature_ranges: dict[str, tuple[float, float]] | None = None,
+    shard_rows: int = MAX_SHARD_ROWS,
+    row_group_rows: int = ROW_GROUP_ROWS,
 ) -> SnapshotManifest:
     """The low-level writer: shard each split's table, write the shards, then the manifest, last."""
     schemas = {table.schema for table in tables.values()}
@@ -97,10 +100,10 @@ def write_tables(
     # Canonical split order first, so manifests read train, validation, test.
     for split in sorted(tables, key=_split_order):
         table = tables[split]
-        count = max(MIN_SHARDS_PER_SPLIT, math.ceil(table.num_rows / MAX_SHARD_ROWS))
+        count = max(MIN_SHARDS_PER_SPLIT, math.ceil(table.num_rows / shard_rows))
         bounds = np.linspace(0, table.num_rows, count + 1).round().astype(int)
         splits[split] = [
-            write_shard(root, encode_parquet(table.slice(start, stop - start)), rows=int(stop - start))
+            write_shard(root, encode_parquet(table.slice(start, stop - start), row_group_rows), rows=int(stop - start))
             for start, stop in zip(bounds[:-1], bounds[1:], strict=True)
         ]
     manifest = SnapshotManifest(
@@ -115,6 +118,7 @@ def write_tables(
         splits=splits,
         rows={split: tables[split].num_rows for split in splits},
         label_names=label_names,
+        feature_ranges=feature_ranges,
     )
     return write_manifest(root, manifest)
 
@@ -123,9 +127,9 @@ def _split_order(name: str) -> tuple[int, str]:
     return (SPLITS.index(name) if name in SPLITS else len(SPLITS), name)
 
 
-def encode_parquet(table: pa.Table) -> bytes:
+def encode_parquet(table: pa.Table, row_group_rows: int = ROW_GROUP_ROWS) -> bytes:
     """Parquet bytes that depend only on the table (and the pyarrow version that writes them)."""
     sink = pa.BufferOutputStream()
     # Fixed row groups and codec; tables built from arrays carry no pandas or timestamp metadata.
-    pq.write_table(table, sink, row_group_size=ROW_GROUP_ROWS, compression="zstd", compression_level=3)
+    pq.write_table(table, sink, row_group_size=row_group_rows, compression="zstd", compression_level=3)
     return sink.getvalue().to_pybytes()

@@ -93,3 +93,44 @@ class FileSplit(_Strict):
         if self.column is not None and self.key is not None:
             raise ValueError("dataset.split: set either column (an existing split) or key (a hash's input), not both")
         return self
+
+
+class ColumnExpectation(_Strict):
+    """What one column of your files must hold; each set field is one expectation in the blocking check."""
+
+    type: str | None = Field(None, description="its Arrow type as the files hold it, e.g. int64, double, string")
+    not_null: bool = Field(False, description="no empty values")
+    min: float | None = Field(None, description="smallest allowed value")
+    max: float | None = Field(None, description="largest allowed value")
+    values: list[str | int | float | bool] | None = Field(None, min_length=1, description="the allowed values")
+    unique: bool = Field(False, description="no value twice (a key)")
+
+    @field_validator("type")
+    @classmethod
+    def _arrow_type(cls, value: str | None) -> str | None:
+        if value is not None:
+            import pyarrow as pa  # only for a spec that declares types
+
+            try:
+                pa.type_for_alias(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not an Arrow type name; use e.g. int64, double, string, bool") from None
+        return value
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ColumnExpectation:
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min:g}) is above max ({self.max:g}); swap them")
+        return self
+
+
+class RowCount(_Strict):
+    min: int | None = Field(None, ge=0, description="fewest rows across the files")
+    max: int | None = Field(None, ge=0, description="most rows across the files")
+
+
+class FileExpectations(_Strict):
+    """Expectations on your files' own columns (names as in the files), checked with the snapshot's own suite."""
+
+    rows: RowCount | None = Field(None, description="bounds on the number of rows")
+    columns: dict[str, ColumnExpectation] = Field(default_factory=dict, description="column name -> what it holds")

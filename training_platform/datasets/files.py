@@ -36,6 +36,9 @@ from training_platform.datasets.store import SnapshotRoot, get_object, load_mani
 from training_platform.errors import CheckpointError, SnapshotError
 
 RECORDS = "sources"
+SHARD_BYTES = 64 * 2**20
+"""A shard's rows take about this much memory once read (Arrow), so a reader holds a few at a time."""
+ROW_GROUP_ROWS = 16384
 _U53 = float(2**53)
 
 
@@ -103,6 +106,13 @@ def build_file_snapshot(source: FileSource, root: SnapshotRoot, *, outside: Path
         _record(root, content_key, found)
     _record(root, stat_key, found)
     return FileSnapshot(found, files, parsed=True)
+
+
+def read_source_table(source: FileSource) -> pa.Table:
+    """Every row of the source's files, as the files hold them (their own column names and values)."""
+    files = list_source_files(source.uri)
+    _one_format(files, source.uri)
+    return _combine([(file.name, _parse(file.read(), file)) for file in files], source.uri)
 
 
 def list_source_files(uri: str) -> list[SourceFile]:
@@ -288,8 +298,9 @@ def _write(source: FileSource, table: pa.Table, root: SnapshotRoot, content_key:
     split_rows = _split_rows(table, source)
     feature_table = table.select(features)
     integers = all(pa.types.is_integer(kind) for kind in feature_table.schema.types)
-    low = min(pc.min(column).as_py() for column in feature_table.columns)
-    high = max(pc.max(column).as_py() for column in feature_table.columns)
+    ranges = {name: _range(feature_table.column(name)) for name in features}
+    low, high = min(lo for lo, _ in ranges.values()), max(hi for _, hi in ranges.values())
+    shard_rows = max(1, SHARD_BYTES // (feature_table.nbytes // table.num_rows + 16))  # + row_id and label
     tables = {}
     for split, rows in split_rows.items():
         indices = pa.array(rows)
@@ -307,7 +318,16 @@ def _write(source: FileSource, table: pa.Table, root: SnapshotRoot, content_key:
         feature_max=int(high) if integers else float(high),
         split_seed=source.split.seed,
         label_names=names,
+        feature_ranges=ranges,
+        shard_rows=shard_rows,
+        row_group_rows=min(ROW_GROUP_ROWS, shard_rows),
     )
+
+
+def _range(column: pa.ChunkedArray) -> tuple[float, float]:
+    bounds = pc.min_max(column.cast(pa.float64()))
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    return (0.0, 0.0) if low is None else (low, high)  # a column of nulls only: the expectations refuse it
 
 
 def _check_declared(source: FileSource, found: list[str]) -> None:
@@ -418,14 +438,11 @@ def _key_hashes(table: pa.Table, source: FileSource) -> np.ndarray:
     if pa.types.is_integer(column.type):
         values = column.cast(pa.int64()).to_numpy(zero_copy_only=False).view(np.uint64)
         return _splitmix64(values ^ _splitmix64(np.uint64(seed)))
-    # Other keys (strings, mostly) hash by their text, once per distinct value.
-    encoded = pc.dictionary_encode(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column)
-    digests = np.array(
-        [int.from_bytes(hashlib.sha256(f"{seed}:{value}".encode()).digest()[:8], "big")
-         for value in encoded.dictionary.to_pylist()],
-        dtype=np.uint64,
-    )
-    return digests[encoded.indices.to_numpy(zero_copy_only=False)]
+    # Other keys (strings, mostly): SipHash of their text, keyed by the seed (pandas' hash_array, in C).
+    from pandas.util import hash_array
+
+    values = column.cast(pa.string()).to_numpy(zero_copy_only=False)
+    return hash_array(values.astype(object), hash_key=f"{seed:016d}"[-16:], categorize=True)
 
 
 def _splitmix64(values: np.ndarray | np.uint64) -> np.ndarray:

@@ -59,6 +59,9 @@ class SnapshotManifest:
     """Split name -> row count."""
     label_names: list[str] | None = None
     """A file source's string labels, label i naming class i; None where labels were integers."""
+    feature_ranges: dict[str, tuple[float, float]] | None = None
+    """A file source's (min, max) per feature: readers scale each feature to [0, 1] by its own range (a team's
+    columns differ by orders of magnitude); None for the built-in sources, scaled by feature_max."""
     format_version: int = FORMAT_VERSION
     snapshot_id: str = ""
     """sha256 of the canonical manifest without this field; empty until sealed."""
@@ -129,4 +132,4 @@ class SnapshotManifest:
 
 
 _ADAPTER = TypeAdapter(SnapshotManifest)
-_ADDED_FIELDS = ("label_names",)
+_ADDED_FIELDS = ("label_names", "feature_ranges")

@@ -23,9 +23,17 @@ def read_split(root: SnapshotRoot, snapshot_id: str, split: str) -> tuple[np.nda
                 f"run validate_snapshot for the full report and rebuild the snapshot"
             )
     features = np.stack([table.column(name).to_numpy() for name in manifest.feature_columns], axis=1)
-    features = features.astype(np.float32) / np.float32(manifest.feature_max)
+    features = scale_features(features.astype(np.float32), manifest)
     labels = table.column(LABEL).to_numpy().astype(np.int64, copy=False)
     return features, labels
+
+
+def scale_features(features: np.ndarray, manifest: SnapshotManifest) -> np.ndarray:
+    """Features in [0, 1]: each by its own range where the manifest has them, else all by feature_max."""
+    if manifest.feature_ranges is None:
+        return features / np.float32(manifest.feature_max)
+    low, high = np.array([manifest.feature_ranges[name] for name in manifest.feature_columns], dtype=np.float32).T
+    return (features - low) / np.maximum(high - low, np.float32(1e-12))  # a constant column scales to 0
 
 
 def read_split_table(root: SnapshotRoot, manifest: SnapshotManifest, split: str) -> pa.Table:

@@ -15,6 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from training_platform.datasets.file_spec import FileExpectations
 from training_platform.datasets.manifest import LABEL, ROW_ID, SnapshotManifest
 from training_platform.datasets.reader import read_split_table
 from training_platform.datasets.store import SnapshotRoot, load_manifest
@@ -60,6 +61,18 @@ class ExpectationResult:
     def name(self) -> str:
         return f"{self.expectation}({self.column})" if self.column else self.expectation
 
+    def described(self) -> str:
+        """``name [check]: counts, examples``, for a failure's one line."""
+        text = self.name + (f" [{self.check}]" if self.check else "")
+        details = self.details
+        if "unexpected_count" in details:
+            text += f": {details['unexpected_count']} of {details.get('element_count', '?')} rows unexpected"
+            if details.get("partial_unexpected_list"):
+                text += f", e.g. {details['partial_unexpected_list'][:3]}"
+        elif "observed_value" in details:
+            text += f": observed {details['observed_value']}"
+        return text
+
 
 @dataclass(frozen=True)
 class ValidationReport:
@@ -72,19 +85,25 @@ class ValidationReport:
         return [result for result in self.results if not result.success]
 
     def summary(self) -> str:
-        """One line: how many expectations passed, and which failed."""
+        """One line: how many expectations passed, and which failed (what each checks, its counts, examples)."""
         head = f"snapshot {self.snapshot_id[:12]}"
         if self.success:
             return f"{head}: all {len(self.results)} expectations passed"
-        failed = ", ".join(result.name for result in self.failures)
+        failed = "; ".join(result.described() for result in self.failures)
         return f"{head}: {len(self.failures)} of {len(self.results)} expectations failed: {failed}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def validate_snapshot(root: SnapshotRoot, snapshot_id: str) -> ValidationReport:
-    """Run the snapshot suite; a snapshot whose shards do not verify fails without reaching GX."""
+def validate_snapshot(
+    root: SnapshotRoot, snapshot_id: str, own_files: tuple[pd.DataFrame, FileExpectations] | None = None
+) -> ValidationReport:
+    """Run the snapshot suite; a snapshot whose shards do not verify fails without reaching GX.
+
+    `own_files`: the rows of a file source as its files hold them, and the spec's expectations on them,
+    checked in the same suite run (names as in the files: the label before it became class ids, keys).
+    """
     manifest = load_manifest(root, snapshot_id)
     try:
         rows = rows_frame(root, manifest)
@@ -104,6 +123,8 @@ def validate_snapshot(root: SnapshotRoot, snapshot_id: str) -> ValidationReport:
         "rows": (rows, _row_expectations(manifest)),
         "class_balance": (class_balance_frame(rows, manifest), _balance_expectations(manifest)),
     }
+    if own_files is not None:
+        frames["files"] = (own_files[0], file_expectations(own_files[1]))
     results: list[ExpectationResult] = []
     for name, (frame, expectations) in frames.items():
         batch = source.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe(name)
@@ -209,6 +230,54 @@ def _balance_expectations(manifest: SnapshotManifest) -> list:
             meta={"check": "no classes beyond num_classes"},
         ),
     ]
+
+
+def file_expectations(declared: FileExpectations) -> list:
+    """The spec's expectations on its own files, as GX expectations on their rows."""
+    import great_expectations.expectations as gxe
+    import pyarrow as pa
+
+    mark = "(dataset.expectations)"
+    expectations = []
+    if declared.rows is not None:
+        low, high = declared.rows.min, declared.rows.max
+        expectations.append(
+            gxe.ExpectTableRowCountToBeBetween(
+                min_value=low, max_value=high, meta={"check": f"rows {low or 0}..{high or 'any'} {mark}"}
+            )
+        )
+    for column, want in declared.columns.items():
+        expectations.append(gxe.ExpectColumnToExist(column=column, meta={"check": f"{column} is a column {mark}"}))
+        if want.type is not None:
+            # The files' Arrow type, as the pandas dtype the rows frame gives it (string -> str, double -> float64).
+            dtype = str(pa.array([], type=pa.type_for_alias(want.type)).to_pandas().dtype)
+            expectations.append(
+                gxe.ExpectColumnValuesToBeOfType(
+                    column=column, type_=dtype, meta={"check": f"{column} is {want.type} {mark}"}
+                )
+            )
+        if want.not_null:
+            expectations.append(
+                gxe.ExpectColumnValuesToNotBeNull(column=column, meta={"check": f"{column} has no empty values {mark}"})
+            )
+        if want.min is not None or want.max is not None:
+            shown = f"{'' if want.min is None else f'{want.min:g}'}..{'' if want.max is None else f'{want.max:g}'}"
+            expectations.append(
+                gxe.ExpectColumnValuesToBeBetween(
+                    column=column, min_value=want.min, max_value=want.max, meta={"check": f"{column} in {shown} {mark}"}
+                )
+            )
+        if want.values is not None:
+            expectations.append(
+                gxe.ExpectColumnValuesToBeInSet(
+                    column=column, value_set=want.values, meta={"check": f"{column} one of {want.values} {mark}"}
+                )
+            )
+        if want.unique:
+            expectations.append(
+                gxe.ExpectColumnValuesToBeUnique(column=column, meta={"check": f"{column} has no value twice {mark}"})
+            )
+    return expectations
 
 
 def _to_result(item: Any) -> ExpectationResult:

@@ -11,9 +11,10 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from pydantic import ValidationError
 
-from training_platform.datasets import load_manifest, validate_snapshot
+from training_platform.datasets import load_manifest, read_split, validate_snapshot
 from training_platform.datasets.file_spec import FileColumns, FileSplit
 from training_platform.datasets.files import FileSource, build_file_snapshot
 from training_platform.datasets.manifest import LABEL, ROW_ID
@@ -60,6 +61,11 @@ def test_a_parquet_folder_becomes_a_snapshot_with_every_row_by_role(wine, tmp_pa
     assert rows.column(LABEL).to_pylist() == wine.column("target").to_pylist()
     assert rows.column("alcohol").to_pylist() == wine.column("alcohol").to_pylist()
     assert manifest.feature_min == pytest.approx(min(pa.compute.min(c).as_py() for c in wine.columns[:-1]))
+
+    # Training reads each feature scaled by its own range: proline (up to 1680) and hue (under 2) alike.
+    features = np.concatenate([read_split(tmp_path / "snap", manifest.snapshot_id, s)[0] for s in manifest.split_names])
+    np.testing.assert_allclose(features.min(axis=0), 0, atol=1e-6)
+    np.testing.assert_allclose(features.max(axis=0), 1, atol=1e-6)
 
     report = validate_snapshot(tmp_path / "snap", manifest.snapshot_id)
     assert report.success, report.summary()
@@ -199,3 +205,40 @@ def test_the_split_settings_are_checked_where_the_spec_is_read():
         FileSplit(column="part", key="user")
     with pytest.raises(ValidationError, match="names x more than once"):
         FileColumns(label="y", features=["x", "x"])
+
+
+def test_the_specs_expectations_on_its_own_columns_join_the_snapshot_suite(tmp_path):
+    from training_platform.datasets.file_spec import FileExpectations
+    from training_platform.datasets.files import read_source_table
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "own_data"
+    spec = yaml.safe_load((example / "spec.yaml").read_text())
+    source = FileSource(uri=str(example / "data"), columns=FileColumns(label="cultivar"))
+    manifest = build_file_snapshot(source, tmp_path / "snap").manifest
+    frame = read_source_table(source).to_pandas()
+    declared = FileExpectations.model_validate(spec["dataset"]["expectations"])  # the example's own
+    passed = validate_snapshot(tmp_path / "snap", manifest.snapshot_id, (frame, declared))
+    assert passed.success, passed.summary()
+    own = [r for r in passed.results if r.check.endswith("(dataset.expectations)")]
+    assert len(own) >= 6 and {"cultivar", "alcohol"} <= {r.column for r in own}
+
+    strict = FileExpectations.model_validate({
+        "rows": {"min": 200},
+        "columns": {
+            "alcohol": {"max": 14.0, "type": "double"},
+            "cultivar": {"values": ["barolo", "barbera"], "type": "string"},
+            "magnesium": {"unique": True},
+            "vintage": {"not_null": True},
+        },
+    })
+    failed = validate_snapshot(tmp_path / "snap", manifest.snapshot_id, (frame, strict))
+    assert not failed.success
+    by_check = {r.check.removesuffix(" (dataset.expectations)"): r for r in failed.failures}
+    assert set(by_check) == {
+        "rows 200..any", "alcohol in ..14", "cultivar one of ['barolo', 'barbera']", "magnesium has no value twice",
+        "vintage is a column", "vintage has no empty values",
+    }, failed.summary()
+    over = by_check["alcohol in ..14"].details
+    assert over["unexpected_count"] == int((frame["alcohol"] > 14).sum()) > 0
+    assert all(value > 14 for value in over["partial_unexpected_list"])
+    assert by_check["cultivar one of ['barolo', 'barbera']"].details["partial_unexpected_list"][0] == "grignolino"
