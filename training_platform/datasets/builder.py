@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -88,6 +90,7 @@ def write_tables(
     feature_ranges: dict[str, tuple[float, float]] | None = None,
     shard_rows: int = MAX_SHARD_ROWS,
     row_group_rows: int = ROW_GROUP_ROWS,
+    dictionary: bool = True,
 ) -> SnapshotManifest:
     """The low-level writer: shard each split's table, write the shards, then the manifest, last."""
     schemas = {table.schema for table in tables.values()}
@@ -96,16 +99,19 @@ def write_tables(
             f"splits of source {source!r} disagree on their schema; every split needs the same columns"
         )
     schema = schemas.pop()
+    def write(part: pa.Table) -> ShardRef:
+        return write_shard(root, encode_parquet(part, row_group_rows, dictionary), rows=part.num_rows)
+
     splits: dict[str, list[ShardRef]] = {}
-    # Canonical split order first, so manifests read train, validation, test.
-    for split in sorted(tables, key=_split_order):
-        table = tables[split]
-        count = max(MIN_SHARDS_PER_SPLIT, math.ceil(table.num_rows / shard_rows))
-        bounds = np.linspace(0, table.num_rows, count + 1).round().astype(int)
-        splits[split] = [
-            write_shard(root, encode_parquet(table.slice(start, stop - start), row_group_rows), rows=int(stop - start))
-            for start, stop in zip(bounds[:-1], bounds[1:], strict=True)
-        ]
+    # Shards encode and write in parallel (pyarrow and hashlib release the GIL); the manifest keeps their order.
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        # Canonical split order first, so manifests read train, validation, test.
+        for split in sorted(tables, key=_split_order):
+            table = tables[split]
+            count = max(MIN_SHARDS_PER_SPLIT, math.ceil(table.num_rows / shard_rows))
+            bounds = np.linspace(0, table.num_rows, count + 1).round().astype(int)
+            parts = [table.slice(start, stop - start) for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
+            splits[split] = list(pool.map(write, parts))
     manifest = SnapshotManifest(
         source=source,
         source_sha256=source_sha256,
@@ -127,9 +133,11 @@ def _split_order(name: str) -> tuple[int, str]:
     return (SPLITS.index(name) if name in SPLITS else len(SPLITS), name)
 
 
-def encode_parquet(table: pa.Table, row_group_rows: int = ROW_GROUP_ROWS) -> bytes:
+def encode_parquet(table: pa.Table, row_group_rows: int = ROW_GROUP_ROWS, dictionary: bool = True) -> bytes:
     """Parquet bytes that depend only on the table (and the pyarrow version that writes them)."""
     sink = pa.BufferOutputStream()
     # Fixed row groups and codec; tables built from arrays carry no pandas or timestamp metadata.
-    pq.write_table(table, sink, row_group_size=row_group_rows, compression="zstd", compression_level=3)
+    pq.write_table(
+        table, sink, row_group_size=row_group_rows, compression="zstd", compression_level=3, use_dictionary=dictionary
+    )
     return sink.getvalue().to_pybytes()
