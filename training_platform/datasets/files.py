@@ -133,18 +133,50 @@ def list_source_files(uri: str) -> list[SourceFile]:
 
 
 def check_source(source: FileSource) -> None:
-    """What can be told before a build, cheaply: files exist, one format, the declared columns are in the first
-    file (a Parquet footer or a CSV's first block; JSON Lines and S3 objects are checked by the build)."""
+    """What can be told before a build, from files' footers and first blocks only: files exist, one format,
+    schemas agree and hold the declared columns; for Parquet also no empty label and no empty split by position.
+    JSON Lines and S3 objects are checked by the build."""
     files = list_source_files(source.uri)
     _one_format(files, source.uri)
-    first = files[0]
-    if first.name.startswith("s3://") or first.format == "jsonl":
+    if files[0].name.startswith("s3://") or files[0].format == "jsonl":
         return
-    try:
-        schema = pq.read_schema(first.name) if first.format == "parquet" else pa_csv.open_csv(first.name).schema
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise SnapshotError(f"{first.name} cannot be read as {first.format} ({exc}); fix or remove the file") from None
+    metadata = [_footer(file) for file in files] if files[0].format == "parquet" else []
+    schemas = [m.schema.to_arrow_schema() for m in metadata] or [_csv_schema(file) for file in files]
+    schema = _agreed_schema([(file.name, found) for file, found in zip(files, schemas, strict=True)], source.uri)
     _check_declared(source, schema.names)
+    if not metadata:
+        return
+    nulls = sum(_null_count(m, source.columns.label) for m in metadata)
+    if nulls:
+        raise SnapshotError(_label_nulls(source, nulls))
+    if source.split.column is None and source.split.key is None:
+        _assign_by_hash(_position_hashes(sum(m.num_rows for m in metadata), source.split.seed), source.split)
+
+
+def _footer(file: SourceFile) -> pq.FileMetaData:
+    try:
+        return pq.read_metadata(file.name)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SnapshotError(f"{file.name} cannot be read as parquet ({exc}); fix or remove the file") from None
+
+
+def _csv_schema(file: SourceFile) -> pa.Schema:
+    try:
+        return pa_csv.open_csv(file.name).schema  # inferred from the first block, as the build's read starts
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SnapshotError(f"{file.name} cannot be read as csv ({exc}); fix or remove the file") from None
+
+
+def _null_count(metadata: pq.FileMetaData, name: str) -> int:
+    """Empty values of a top-level column by the row groups' statistics (0 where a writer kept none)."""
+    columns = [metadata.schema.column(index).path for index in range(metadata.num_columns)]
+    if name not in columns:
+        return 0  # a nested column: left to the build
+    column, total = columns.index(name), 0
+    for group in range(metadata.num_row_groups):
+        stats = metadata.row_group(group).column(column).statistics
+        total += stats.null_count if stats is not None and stats.has_null_count else 0
+    return total
 
 
 def _one_format(files: list[SourceFile], uri: str) -> None:
@@ -256,27 +288,32 @@ def _parse(data: bytes, file: SourceFile) -> pa.Table:
 
 def _combine(tables: list[tuple[str, pa.Table]], uri: str) -> pa.Table:
     """One table of every file's rows, in file order; columns must agree (integers widen to floats)."""
-    first_name, first = tables[0]
-    columns = first.column_names
+    target = _agreed_schema([(name, table.schema) for name, table in tables], uri)
+    try:
+        return pa.concat_tables([table.select(target.names).cast(target) for _, table in tables])
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SnapshotError(
+            f"dataset.source {uri}: files cannot be combined ({exc}); make their columns agree"
+        ) from None
+
+
+def _agreed_schema(schemas: list[tuple[str, pa.Schema]], uri: str) -> pa.Schema:
+    """The schema every file's rows take: the first file's columns, each of a type all files' values fit."""
+    first_name, first = schemas[0]
+    columns = first.names
     types: dict[str, list[tuple[str, pa.DataType]]] = {name: [] for name in columns}
-    for name, table in tables:
-        if set(table.column_names) != set(columns):
-            only_here = sorted(set(table.column_names) - set(columns))
-            only_first = sorted(set(columns) - set(table.column_names))
+    for name, schema in schemas:
+        if set(schema.names) != set(columns):
+            only_here = sorted(set(schema.names) - set(columns))
+            only_first = sorted(set(columns) - set(schema.names))
             raise SnapshotError(
                 f"dataset.source {uri}: files have conflicting schemas: {name} has columns "
                 f"{', '.join(only_here) or '(none more)'} and lacks {', '.join(only_first) or '(none)'} of "
                 f"{first_name}; give every file the same columns"
             )
         for column in columns:
-            types[column].append((name, table.schema.field(column).type))
-    target = pa.schema([(column, _common_type(column, found, uri)) for column, found in types.items()])
-    try:
-        return pa.concat_tables([table.select(columns).cast(target) for _, table in tables])
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise SnapshotError(
-            f"dataset.source {uri}: files cannot be combined ({exc}); make their columns agree"
-        ) from None
+            types[column].append((name, schema.field(column).type))
+    return pa.schema([(column, _common_type(column, found, uri)) for column, found in types.items()])
 
 
 def _common_type(column: str, found: list[tuple[str, pa.DataType]], uri: str) -> pa.DataType:
@@ -396,10 +433,7 @@ def _labels(table: pa.Table, source: FileSource) -> tuple[np.ndarray, list[str] 
     column = table.column(name)
     if column.null_count:
         first = pc.index(pc.is_null(column), True).as_py()
-        raise SnapshotError(
-            f"{source.uri}: label column {name!r} has {column.null_count} empty values (the first in row {first}); "
-            "drop or fill those rows"
-        )
+        raise SnapshotError(_label_nulls(source, column.null_count, first))
     kind = column.type
     if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind):
         column = column.cast(pa.string())
@@ -412,6 +446,14 @@ def _labels(table: pa.Table, source: FileSource) -> tuple[np.ndarray, list[str] 
         return labels, None
     raise SnapshotError(
         f"{source.uri}: label column {name!r} is {kind}; labels must be integer class ids or strings"
+    )
+
+
+def _label_nulls(source: FileSource, count: int, first: int | None = None) -> str:
+    where = f" (the first in row {first})" if first is not None else ""
+    return (
+        f"{source.uri}: label column {source.columns.label!r} has {count} empty values{where}; "
+        "drop or fill those rows"
     )
 
 
@@ -431,25 +473,34 @@ def _split_rows(table: pa.Table, source: FileSource) -> dict[str, np.ndarray]:
         if "train" not in rows:
             raise SnapshotError(f"dataset.split.column {split.column!r} marks no train rows; mark some")
         return rows
+    return _assign_by_hash(_key_hashes(table, source), split)
+
+
+def _assign_by_hash(hashes: np.ndarray, split: FileSplit) -> dict[str, np.ndarray]:
+    """Rows per split by where each row's hash falls among the fractions; no split may be left empty."""
     names = [name for name in SPLITS if name in split.fractions]
     bounds = np.cumsum([split.fractions[name] for name in names])[:-1]
-    position = (_key_hashes(table, source) >> np.uint64(11)).astype(np.float64) / _U53
+    position = (hashes >> np.uint64(11)).astype(np.float64) / _U53
     assigned = np.searchsorted(bounds, position, side="right")
     rows = {name: np.flatnonzero(assigned == index) for index, name in enumerate(names)}
     empty = [name for name, members in rows.items() if not len(members)]
     if empty:
         raise SnapshotError(
-            f"dataset.split leaves {', '.join(empty)} empty ({table.num_rows} rows in all); raise its fraction, "
+            f"dataset.split leaves {', '.join(empty)} empty ({len(hashes)} rows in all); raise its fraction, "
             "add rows, or leave the split out of dataset.split.fractions"
         )
     return rows
+
+
+def _position_hashes(rows: int, seed: int) -> np.ndarray:
+    return _splitmix64(np.arange(rows, dtype=np.uint64) ^ _splitmix64(np.uint64(seed)))
 
 
 def _key_hashes(table: pa.Table, source: FileSource) -> np.ndarray:
     """A 64-bit hash per row of the seed and the row's key (its position where no key column is named)."""
     seed, key = source.split.seed, source.split.key
     if key is None:
-        return _splitmix64(np.arange(table.num_rows, dtype=np.uint64) ^ _splitmix64(np.uint64(seed)))
+        return _position_hashes(table.num_rows, seed)
     column = table.column(key)
     if column.null_count:
         raise SnapshotError(f"dataset.split.key {key!r} has {column.null_count} empty values; every row needs a key")

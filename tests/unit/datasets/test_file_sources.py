@@ -242,3 +242,35 @@ def test_the_specs_expectations_on_its_own_columns_join_the_snapshot_suite(tmp_p
     assert over["unexpected_count"] == int((frame["alcohol"] > 14).sum()) > 0
     assert all(value > 14 for value in over["partial_unexpected_list"])
     assert by_check["cultivar one of ['barolo', 'barbera']"].details["partial_unexpected_list"][0] == "grignolino"
+
+
+def test_tp_train_refuses_from_footers_what_the_build_would_fail_on(tmp_path):
+    from training_platform.datasets.files import check_source
+
+    table = _ids(40)
+    columns = FileColumns(label="y", features=["x"])
+    (tmp_path / "good").mkdir()
+    pq.write_table(table, tmp_path / "good" / "a.parquet")
+    check_source(FileSource(uri=str(tmp_path / "good"), columns=columns))  # nothing to say
+
+    (tmp_path / "mixed").mkdir()
+    pq.write_table(table, tmp_path / "mixed" / "a.parquet")
+    pq.write_table(table.set_column(1, "x", table.column("x").cast(pa.string())), tmp_path / "mixed" / "b.parquet")
+    with pytest.raises(SnapshotError, match=r"conflicting schemas: column 'x' is double in .*a.parquet but string"):
+        check_source(FileSource(uri=str(tmp_path / "mixed"), columns=columns))
+
+    (tmp_path / "nulls").mkdir()
+    labels = [None, None, *table.column("y").to_pylist()[2:]]
+    pq.write_table(table.set_column(2, "y", pa.array(labels, pa.int64())), tmp_path / "nulls" / "a.parquet")
+    with pytest.raises(SnapshotError, match=r"label column 'y' has 2 empty values; drop or fill those rows"):
+        check_source(FileSource(uri=str(tmp_path / "nulls"), columns=columns))
+
+    tiny_test = FileSplit(fractions={"train": 0.999, "test": 0.001})
+    with pytest.raises(SnapshotError, match=r"dataset.split leaves test empty \(40 rows in all\)"):
+        check_source(FileSource(uri=str(tmp_path / "good"), columns=columns, split=tiny_test))
+
+    (tmp_path / "csv").mkdir()
+    pa_csv.write_csv(table, tmp_path / "csv" / "a.csv")
+    pa_csv.write_csv(table.drop_columns(["x"]), tmp_path / "csv" / "b.csv")
+    with pytest.raises(SnapshotError, match=r"b.csv has columns \(none more\) and lacks x of .*a.csv"):
+        check_source(FileSource(uri=str(tmp_path / "csv"), columns=columns))
