@@ -14,14 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from training_platform.datasets import read_split
 from training_platform.train.session import TrainingSession
-
-
-def batch_indices(rows: int, batch: int, seed: int, step: int, rank: int) -> torch.Tensor:
-    """The rows read at `step` on `rank`: a pure function of its inputs, so a resume reads the same."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + step * 101 + rank)
-    return torch.randint(rows, (batch,), generator=generator)
 
 
 def main() -> None:
@@ -31,11 +24,11 @@ def main() -> None:
 
     session = TrainingSession.start()  # reads the spec the launcher wrote; joins the process group
     cfg = session.spec.training
-    features, labels = (
-        torch.from_numpy(a) for a in read_split(session.snapshot_root, session.spec.dataset.snapshot_id, "train")
-    )
+    # This rank's batch at each step, reshuffled each epoch from the seed: a resume reads what it would have.
+    data = session.dataset("train")
 
-    model = nn.Sequential(nn.Linear(features.shape[1], args.hidden), nn.Tanh(), nn.Linear(args.hidden, 10))
+    hidden = nn.Linear(data.num_features, args.hidden)
+    model = nn.Sequential(hidden, nn.Tanh(), nn.Linear(args.hidden, data.num_classes))
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate, momentum=0.9)
     step = 0
     if (restored := session.restore()) is not None:  # newest verified checkpoint, RNG included
@@ -49,8 +42,8 @@ def main() -> None:
 
     loss = torch.tensor(0.0)
     while step < cfg.max_steps:
-        rows = batch_indices(len(labels), cfg.batch_size, cfg.seed, step, session.dist.rank)
-        loss = F.cross_entropy(trained(features[rows]), labels[rows])
+        features, labels = data[step]
+        loss = F.cross_entropy(trained(features), labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -40,6 +40,9 @@ from training_platform.train.checkpointing import RunCheckpointer, retention_pol
 from training_platform.train.reporting import Reporter
 from training_platform.train.stopping import StopAgreement
 from training_platform.train.weights import weights_sha256
+
+if TYPE_CHECKING:
+    from training_platform.train.split_data import SplitBatches
 
 
 @dataclass
@@ -135,6 +138,25 @@ class TrainingSession:
     @property
     def snapshot_root(self) -> Path | str:
         return self.home.snapshots
+
+    def dataset(self, split: str = "train", batch_size: int | None = None) -> SplitBatches:
+        """One split of the run's snapshot: `data[step]` is this rank's batch at 0-based `step` (sharded across
+        ranks, reshuffled each epoch from the spec's seed), so a resumed script reads what it would have read;
+        `data.features` and `data.labels` hold the whole split. `batch_size`: default training.batch_size."""
+        from training_platform.train.split_data import SplitBatches
+
+        snapshot_id = self.spec.dataset.snapshot_id
+        if snapshot_id is None:
+            raise RuntimeError("the run's spec names no snapshot: start the script with `tp train`")
+        return SplitBatches.load(
+            self.snapshot_root,
+            snapshot_id,
+            split,
+            batch_size=batch_size or self.spec.training.batch_size,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+            seed=self.spec.training.seed,
+        )
 
     # ----- progress -----------------------------------------------------------------------
     def report(self, step: int, metrics: dict[str, float]) -> None:
