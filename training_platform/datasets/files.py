@@ -17,9 +17,7 @@ import fnmatch
 import glob
 import hashlib
 import json
-import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
@@ -31,7 +29,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from training_platform.datasets.builder import write_tables
+from training_platform.datasets.builder import parallel_map, write_tables
 from training_platform.datasets.file_spec import FORMATS, RESERVED_COLUMNS, FileColumns, FileSplit
 from training_platform.datasets.manifest import LABEL, ROW_ID, SPLITS, SnapshotManifest
 from training_platform.datasets.store import SnapshotRoot, get_object, load_manifest, put_object
@@ -98,14 +96,11 @@ def build_file_snapshot(source: FileSource, root: SnapshotRoot, *, outside: Path
         return FileSnapshot(found, files, parsed=False)
 
     blobs = [file.read() for file in files]
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # hashlib releases the GIL
-        hashes = list(pool.map(lambda blob: hashlib.sha256(blob).hexdigest(), blobs))
+    hashes = parallel_map(lambda blob: hashlib.sha256(blob).hexdigest(), blobs)
     content_key = _key(source, [[file.name, sha256] for file, sha256 in zip(files, hashes, strict=True)])
     found = _recorded(root, content_key)
     if found is None:
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            parsed = list(pool.map(_parse, blobs, files))
-        table = _combine([(file.name, part) for file, part in zip(files, parsed, strict=True)], source.uri)
+        table = _parsed(files, blobs, source.uri)
         del blobs
         found = _write(source, table, root, content_key)
         _record(root, content_key, found)
@@ -117,7 +112,13 @@ def read_source_table(source: FileSource) -> pa.Table:
     """Every row of the source's files, as the files hold them (their own column names and values)."""
     files = list_source_files(source.uri)
     _one_format(files, source.uri)
-    return _combine([(file.name, _parse(file.read(), file)) for file in files], source.uri)
+    return _parsed(files, [file.read() for file in files], source.uri)
+
+
+def _parsed(files: list[SourceFile], blobs: list[bytes], uri: str) -> pa.Table:
+    """The files' rows in one table, parsed on a thread per core from the bytes already read."""
+    parts = parallel_map(_parse, blobs, files)
+    return _combine([(file.name, part) for file, part in zip(files, parts, strict=True)], uri)
 
 
 def list_source_files(uri: str) -> list[SourceFile]:
@@ -345,8 +346,7 @@ def _write(source: FileSource, table: pa.Table, root: SnapshotRoot, content_key:
     shard_rows = max(1, SHARD_BYTES // (feature_table.nbytes // table.num_rows + 16))  # + row_id and label
     # One gather puts each split's rows together, in row order; each split is then a slice of it (no copy).
     order = np.concatenate(list(split_rows.values()))
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        gathered = list(pool.map(lambda column: _gather(column, order), feature_table.columns))
+    gathered = parallel_map(lambda column: _gather(column, order), feature_table.columns)
     grouped = pa.Table.from_arrays(
         [pa.array(order.astype(np.int64)), *gathered, pa.array(labels[order])], names=[ROW_ID, *features, LABEL]
     )
