@@ -9,49 +9,66 @@ from training_platform.checkpoints import open_store
 from training_platform.documents import shared_lock
 from training_platform.evaluate import evaluate_checkpoint, find_checkpoint, input_example, load_model
 from training_platform.lifecycle.registry import model_pin_reason
+from training_platform.script_evaluation import evaluate_script
 from training_platform.spec import parse_spec
+from training_platform.tracking import metric_tag
 
 
 @dg.asset(
     partitions_def=training_runs,
     group_name="training",
     kinds={"pytorch"},
-    description="Accuracy and loss on the held-out test split, from the run's final (lineage-linked) checkpoint.",
+    description="The spec's test metrics (default: accuracy and loss) on the held-out test split of the run's "
+    "snapshot, from its final (lineage-linked) checkpoint; a user's script measures its own model.",
 )
 def evaluated_model(training_run: dict, checkpoints: dict, platform: PlatformResource) -> dg.Output[dict]:
     spec = parse_spec(training_run["spec"])
-    if spec.entrypoint is not None:
-        code = spec.entrypoint.script or spec.entrypoint.module
-        raise dg.Failure(
-            description=f"run {training_run['run_id']} trained the user's own code ({code}): evaluation loads "
-            "model templates; evaluate inside the script and report the test metrics, or materialize only "
-            "training_run and checkpoints"
-        )
     final = checkpoints["final"]
     manifest = find_checkpoint(checkpoints["store_uri"], checkpoints["checkpoint_key"], final["step"], final["sha256"])
-    evaluation, _ = evaluate_checkpoint(spec, platform.paths().snapshots, checkpoints["store_uri"], manifest)
-    if evaluation.weights_sha256 != training_run["final_weights_sha256"]:
+    tracking_uri = platform.mlflow_uri()
+    if spec.entrypoint is not None:  # the user's own script measures (and logs) its model
+        script = evaluate_script(
+            platform.paths(),
+            spec,
+            training_run["run_id"],
+            manifest,
+            checkpoints["store_uri"],
+            tracking_uri=tracking_uri,
+            log_model_to=training_run["mlflow_run_id"],
+        )
+        metrics, weights, test_rows = script.metrics, script.weights_sha256, script.test_rows
+        measured = {"model_uri": script.model_uri}
+    else:
+        evaluation, _ = evaluate_checkpoint(spec, platform.paths().snapshots, checkpoints["store_uri"], manifest)
+        metrics = {"accuracy": evaluation.test_accuracy, "loss": evaluation.test_loss}
+        weights, test_rows = evaluation.weights_sha256, evaluation.test_rows
+        measured = {}
+    if weights != training_run["final_weights_sha256"]:
         raise dg.Failure(
             description=f"checkpoint {manifest.uri} does not hold the run's final weights; re-run the partition"
         )
-    tracking.log_metrics(
-        platform.mlflow_uri(),
-        training_run["mlflow_run_id"],
-        {"test_accuracy": evaluation.test_accuracy, "test_loss": evaluation.test_loss},
-    )
+    tested = {metric_tag(name): value for name, value in metrics.items()}
+    tracking.log_metrics(tracking_uri, training_run["mlflow_run_id"], tested)
     value = {
-        **evaluation.__dict__,
+        **tested,
+        **measured,
+        "metrics": metrics,
+        "test_rows": test_rows,
+        "snapshot_id": spec.dataset.snapshot_id,
+        "weights_sha256": weights,
+        "checkpoint_uri": manifest.uri,
+        "checkpoint_step": manifest.step,
         "run_id": training_run["run_id"],
         "checkpoint_key": checkpoints["checkpoint_key"],
         "store_uri": checkpoints["store_uri"],
         "checkpoint_sha256": manifest.manifest_sha256,
     }
     metadata = {
-        "test_accuracy": evaluation.test_accuracy,
-        "test_loss": evaluation.test_loss,
-        "test_rows": evaluation.test_rows,
-        "checkpoint": evaluation.checkpoint_uri,
-        "checkpoint_step": evaluation.checkpoint_step,
+        **tested,
+        "test_rows": test_rows,
+        "test_split_of": spec.dataset.snapshot_id or "",
+        "checkpoint": manifest.uri,
+        "checkpoint_step": manifest.step,
     }
     return dg.Output(value, metadata=metadata)
 
@@ -75,24 +92,30 @@ def registered_model(
         evaluated_model["checkpoint_step"],
         evaluated_model["checkpoint_sha256"],
     )
-    snapshots = platform.paths().snapshots
-    model = load_model(spec, snapshots, store_uri, manifest)
-    example = input_example(spec, snapshots)
+    metrics = _metrics(evaluated_model)
     lineage = training_run["lineage"]
     tags = {
         "training_run": training_run["run_id"],
-        "test_accuracy": f"{evaluated_model['test_accuracy']:.6f}",
+        **{metric_tag(name): f"{value:.6f}" for name, value in metrics.items()},
+        "test_split_of": str(evaluated_model.get("snapshot_id") or lineage.get("snapshot_id")),
         "weights_sha256": training_run["final_weights_sha256"],
         "checkpoint_uri": manifest.uri,
         **{k: str(v) for k, v in lineage.items()},
     }
-    version = tracking.register_model(tracking_uri, training_run["mlflow_run_id"], model_name, model, example, tags)
+    if spec.entrypoint is not None:  # logged by the script's evaluation, which measured it
+        version = tracking.register_logged_model(tracking_uri, evaluated_model["model_uri"], model_name, tags)
+    else:
+        snapshots = platform.paths().snapshots
+        model = load_model(spec, snapshots, store_uri, manifest)
+        example = input_example(spec, snapshots)
+        version = tracking.register_model(tracking_uri, training_run["mlflow_run_id"], model_name, model, example, tags)
     gate = tracking.promote(
         tracking_uri,
         training_run["mlflow_run_id"],
         model_name,
         version,
-        evaluated_model["test_accuracy"],
+        metrics,
+        spec.evaluated.gate,
         shared_lock(platform.paths().root, "registry", model_name),
     )
     context.log.info(f"promotion gate: {'pass' if gate.promote else 'fail'}: {gate.reason}")
@@ -105,7 +128,7 @@ def registered_model(
         "model_version": version,
         "promoted": gate.promote,
         "gate_reason": gate.reason,
-        "test_accuracy": evaluated_model["test_accuracy"],
+        "metrics": metrics,
         "tracking_uri": tracking_uri,
     }
     metadata = {
@@ -117,3 +140,10 @@ def registered_model(
         "champion_before": gate.champion_version or "none",
     }
     return dg.Output(value, metadata=metadata)
+
+
+def _metrics(evaluated_model: dict) -> dict[str, float]:
+    """The evaluation's metrics (a value materialized before they were kept as a whole had accuracy and loss)."""
+    if "metrics" in evaluated_model:
+        return evaluated_model["metrics"]
+    return {"accuracy": evaluated_model["test_accuracy"], "loss": evaluated_model["test_loss"]}

@@ -6,6 +6,7 @@ and launches the spec it returns.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import uuid
 from pathlib import Path
@@ -15,7 +16,7 @@ from training_platform.datasets import load_manifest
 from training_platform.errors import SnapshotError, SpecError
 from training_platform.paths import PlatformHome
 from training_platform.redaction import Redactor
-from training_platform.spec import TrainSpec
+from training_platform.spec import TEMPLATE_METRICS, TrainSpec
 from training_platform.team_policy import resolve_team
 from training_platform.train.spot_notice import check_notice_url
 
@@ -77,6 +78,34 @@ def check_entrypoint(spec: TrainSpec) -> None:
         )
 
 
+def check_evaluation(spec: TrainSpec) -> None:
+    """A script's spec names only metrics its text can report: a metric beyond the default evaluation's must be
+    returned by the function given to `session.evaluate_with`, so its name is in the script. Refused here, not
+    after the whole training run, when the evaluation would not report it."""
+    entrypoint = spec.entrypoint
+    if spec.evaluation is None or entrypoint is None or entrypoint.code is None:
+        return  # a module is not read here: its evaluation says what it lacks
+    own = [name for name in spec.evaluation.metrics if name not in TEMPLATE_METRICS]
+    if not own:
+        return
+    try:
+        tree = ast.parse(entrypoint.code.text)
+    except SyntaxError as exc:
+        raise SpecError(
+            f"entrypoint.script {entrypoint.script}: not valid Python (line {exc.lineno}: {exc.msg}); fix the script"
+        ) from None
+    names = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    calls = any(isinstance(node, ast.Attribute) and node.attr == "evaluate_with" for node in ast.walk(tree))
+    unreported = [name for name in own if not calls or name not in names]
+    if unreported:
+        where = "its function given to session.evaluate_with" if calls else "session.evaluate_with (it never calls it)"
+        raise SpecError(
+            f"evaluation.metrics: {entrypoint.script} never reports {', '.join(unreported)}: the default evaluation "
+            f"reports {' and '.join(TEMPLATE_METRICS)}; return {', '.join(unreported)} from {where}, or remove "
+            "them from evaluation.metrics"
+        )
+
+
 def check_no_secrets(spec: TrainSpec) -> None:
     """A spec is written to run files, ConfigMaps, Dagster config and MLflow: a secret in it is refused."""
     redactor = Redactor()
@@ -126,5 +155,6 @@ def preflight(spec: TrainSpec, home: PlatformHome, store_uri: str) -> TrainSpec:
     check_snapshot(spec, home)
     check_store_writable(store_uri)
     check_entrypoint(spec)
+    check_evaluation(spec)
     check_strategy_installed(spec)
     return spec

@@ -16,7 +16,7 @@ from training_platform.launch.base import RESULT_FILE
 from training_platform.paths import PlatformHome
 from training_platform.run_registry import open_run_registry
 from training_platform.spec import TrainSpec, parse_spec
-from training_platform.submission import OWN_CODE_TAG
+from training_platform.submission import OWN_CODE_ASSETS, OWN_CODE_TAG, assets_for
 
 # Dagster's queued run coordinator runs higher `dagster/priority` first (see deploy/dagster/dagster.yaml).
 PRIORITY_TAGS = {"low": "-10", "normal": "0", "high": "10"}
@@ -29,7 +29,7 @@ def queue_tags(team: str, priority: str, **extra: str) -> dict[str, str]:
 
 def spec_tags(spec: TrainSpec, **extra: str) -> dict[str, str]:
     """The queue tags of a run of `spec`, with its owner (and the mark of a user's own script)."""
-    own_code = {OWN_CODE_TAG: "1"} if spec.entrypoint is not None else {}
+    own_code = {OWN_CODE_TAG: "1"} if assets_for(spec) == OWN_CODE_ASSETS else {}
     return queue_tags(spec.team, spec.resources.priority, owner=spec.owner, **own_code, **extra)
 
 

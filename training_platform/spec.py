@@ -275,6 +275,40 @@ class EntrypointSpec(_Strict):
         return self
 
 
+TEMPLATE_METRICS = ("accuracy", "loss")
+"""What a model template's evaluation, and a script's default evaluation (a classifier's logits), report."""
+_METRIC = r"^[a-z][a-z0-9_]{0,62}$"
+
+
+class GateSpec(_Strict):
+    """When a candidate takes the champion alias: its test metric against the champion's, on one test split."""
+
+    metric: str = Field("accuracy", pattern=_METRIC, description="the evaluation metric the gate compares")
+    direction: Literal["maximize", "minimize"] = Field("maximize", description="maximize or minimize the metric")
+    min_improvement: float = Field(
+        0.0, ge=0, description="how much better than the champion the candidate must be (0: any improvement)"
+    )
+
+
+class EvaluationSpec(_Strict):
+    """What the evaluation of a run's final checkpoint on its snapshot's test split reports, and the gate."""
+
+    metrics: list[Annotated[str, Field(pattern=_METRIC)]] = Field(
+        default_factory=lambda: list(TEMPLATE_METRICS),
+        min_length=1,
+        description="the test metrics the evaluation must report (lowercase names: letters, digits, _)",
+    )
+    gate: GateSpec = Field(default_factory=GateSpec, description="the promotion gate")
+
+    @model_validator(mode="after")
+    def _gate_metric_reported(self) -> EvaluationSpec:
+        if self.gate.metric not in self.metrics:
+            raise ValueError(
+                f"gate.metric {self.gate.metric!r} is not among metrics ({', '.join(self.metrics)}); add it there"
+            )
+        return self
+
+
 class PreemptionPolicy(_Strict):
     """What happens when spot capacity is taken away, and after failures that are not preemptions."""
 
@@ -383,6 +417,11 @@ class TrainSpec(_Strict):
     entrypoint: EntrypointSpec | None = Field(
         None, description="run the user's own script or module instead of the model template's loop"
     )
+    evaluation: EvaluationSpec | None = Field(
+        None,
+        description="test metrics and the promotion gate (default: accuracy and loss, the gate on accuracy); a "
+        "script's run is evaluated and registered when its spec has this section",
+    )
     strategy: str = Field("ddp", description=f"distributed strategy, one of {', '.join(STRATEGIES)}")
     deepspeed: DeepSpeedOptions = Field(default_factory=DeepSpeedOptions, description="DeepSpeed ZeRO settings")
     resources: ResourceRequest = Field(default_factory=ResourceRequest)
@@ -400,9 +439,27 @@ class TrainSpec(_Strict):
             raise ValueError(f"unknown strategy {value!r}; use one of: {', '.join(STRATEGIES)}")
         return value
 
+    @model_validator(mode="after")
+    def _template_metrics(self) -> TrainSpec:
+        unknown = [m for m in self.evaluated.metrics if m not in TEMPLATE_METRICS]
+        if self.entrypoint is None and unknown:
+            raise ValueError(
+                f"evaluation.metrics: model templates report {' and '.join(TEMPLATE_METRICS)}, not "
+                f"{', '.join(unknown)}; remove them, or train your own script (entrypoint) that reports them"
+            )
+        return self
+
+    @property
+    def evaluated(self) -> EvaluationSpec:
+        """The evaluation section, or its defaults."""
+        return self.evaluation or EvaluationSpec()
+
     def spec_hash(self) -> str:
         """sha256 of the canonical JSON form: the same spec always hashes the same."""
-        return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
+        data = self.model_dump(mode="json")
+        if data["evaluation"] is None:  # a field added later: specs without it keep the hash they had
+            del data["evaluation"]
+        return hashlib.sha256(canonical_json(data).encode()).hexdigest()
 
     def with_snapshot(self, snapshot_id: str) -> TrainSpec:
         return self.model_copy(update={"dataset": self.dataset.model_copy(update={"snapshot_id": snapshot_id})})

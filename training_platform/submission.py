@@ -20,7 +20,7 @@ SNAPSHOT_ASSET = "dataset_snapshot"
 SNAPSHOT_CHECK = "dataset_snapshot_expectations"
 """The blocking Great Expectations check of every snapshot: its verdict decides whether a snapshot may train."""
 RUN_ASSETS = ("training_run", "checkpoints", "evaluated_model", "registered_model")
-OWN_CODE_ASSETS = ("training_run", "checkpoints")  # a user's own script: templates' evaluation does not apply
+OWN_CODE_ASSETS = ("training_run", "checkpoints")  # a user's script whose spec has no `evaluation`
 
 PARTITION_TAG = "dagster/partition"
 BACKFILL_TAG = "dagster/backfill"
@@ -30,7 +30,7 @@ SERIAL_TAG = "tp/serial"
 """Runs that share a value run one at a time, in the order queued (deploy/dagster/dagster.yaml)."""
 SWEEP_TAG = "sweep"
 OWN_CODE_TAG = "tp/own_code"
-"""On a run of a user's own script: only training_run and checkpoints are materialized."""
+"""On a run of a user's own script without an `evaluation` section: only training_run and checkpoints."""
 RESUME_TAG = "tp/resume_of"
 RETRY_TAG = "tp/retry_of"
 REPRODUCTION_TAG = "tp/reproduction_of"
@@ -58,7 +58,8 @@ def run_assets(tags: dict[str, str]) -> tuple[str, ...]:
 
 
 def assets_for(spec: TrainSpec) -> tuple[str, ...]:
-    return OWN_CODE_ASSETS if spec.entrypoint is not None else RUN_ASSETS
+    """A template's run, or a script's whose spec says how to evaluate it: all four; else the script's two."""
+    return OWN_CODE_ASSETS if spec.entrypoint is not None and spec.evaluation is None else RUN_ASSETS
 
 
 def training_run_config(spec: TrainSpec | None = None, backend: str | None = None) -> dict:

@@ -11,7 +11,7 @@ from typing import Any
 
 from training_platform.lineage import LineageKey
 from training_platform.redaction import Redactor
-from training_platform.spec import TrainSpec
+from training_platform.spec import GateSpec, TrainSpec
 
 CHAMPION_ALIAS = "champion"
 ALIAS_WRITE_ATTEMPTS = 5
@@ -152,11 +152,17 @@ class GateDecision:
     promote: bool
     reason: str
     champion_version: str | None
-    champion_accuracy: float | None
+    champion_value: float | None
 
 
-def promotion_gate(tracking_uri: str, model_name: str, candidate_accuracy: float) -> GateDecision:
-    """Promote when there is no champion yet, or the candidate is strictly better on the test split."""
+def metric_tag(metric: str) -> str:
+    """The registry tag that holds a version's test metric (`test_accuracy`, as versions always had)."""
+    return f"test_{metric}"
+
+
+def promotion_gate(tracking_uri: str, model_name: str, candidate: dict[str, float], gate: GateSpec) -> GateDecision:
+    """Promote when there is no champion yet, or the candidate beats it on the gate's metric by at least
+    `min_improvement` (strictly, when that is 0)."""
     from mlflow.exceptions import MlflowException
 
     client = _client(tracking_uri)
@@ -164,20 +170,26 @@ def promotion_gate(tracking_uri: str, model_name: str, candidate_accuracy: float
         champion = client.get_model_version_by_alias(model_name, CHAMPION_ALIAS)
     except MlflowException:
         return GateDecision(True, "no champion yet", None, None)
-    champion_accuracy = float(champion.tags.get("test_accuracy", "nan"))
-    if not candidate_accuracy > champion_accuracy:
+    name, value = gate.metric, candidate[gate.metric]
+    recorded = champion.tags.get(metric_tag(name))
+    if recorded is None:
         return GateDecision(
             False,
-            f"test accuracy {candidate_accuracy:.4f} does not beat champion v{champion.version} "
-            f"({champion_accuracy:.4f})",
+            f"champion v{champion.version} has no test {name} to compare with; keep it, or move the alias "
+            "by hand after evaluating it",
             champion.version,
-            champion_accuracy,
+            None,
         )
+    champion_value = float(recorded)
+    gain = value - champion_value if gate.direction == "maximize" else champion_value - value
+    beats = gain >= gate.min_improvement if gate.min_improvement > 0 else gain > 0
+    margin = f" by at least {gate.min_improvement:g}" if gate.min_improvement > 0 else ""
+    verb = "beats" if beats else "does not beat"
     return GateDecision(
-        True,
-        f"test accuracy {candidate_accuracy:.4f} beats champion v{champion.version} ({champion_accuracy:.4f})",
+        beats,
+        f"test {name} {value:.4f} {verb} champion v{champion.version} ({champion_value:.4f}){margin}",
         champion.version,
-        champion_accuracy,
+        champion_value,
     )
 
 
@@ -206,7 +218,15 @@ def register_model(
         info = mlflow.pytorch.log_model(
             model, name="model", input_example=input_example, pip_requirements=model_requirements()
         )
-    return str(mlflow.register_model(info.model_uri, model_name, tags=tags).version)
+    return register_logged_model(tracking_uri, info.model_uri, model_name, tags)
+
+
+def register_logged_model(tracking_uri: str, model_uri: str, model_name: str, tags: dict[str, str]) -> str:
+    """Register a model already logged (a script's, by its evaluation process) as a version with lineage tags."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    return str(mlflow.register_model(model_uri, model_name, tags=tags).version)
 
 
 def promote(
@@ -214,7 +234,8 @@ def promote(
     mlflow_run_id: str,
     model_name: str,
     version: str,
-    candidate_accuracy: float,
+    candidate: dict[str, float],
+    gate_spec: GateSpec,
     lock: contextlib.AbstractContextManager[None],
 ) -> GateDecision:
     """The gate, then the champion alias moved to VERSION if it passed, as one step per model.
@@ -229,10 +250,10 @@ def promote(
     client = _client(tracking_uri)
     with lock:
         for attempt in range(ALIAS_WRITE_ATTEMPTS):
-            gate = promotion_gate(tracking_uri, model_name, candidate_accuracy)
+            gate = promotion_gate(tracking_uri, model_name, candidate, gate_spec)
             if gate.champion_version is not None and str(gate.champion_version) == version:
                 # The write that raised had gone through: this version is the champion already.
-                gate = GateDecision(True, f"v{version} is the champion", gate.champion_version, gate.champion_accuracy)
+                gate = GateDecision(True, f"v{version} is the champion", gate.champion_version, gate.champion_value)
                 break
             if not gate.promote:
                 break

@@ -55,7 +55,7 @@ def main() -> None:
         if step < cfg.max_steps and session.should_stop():  # preemption notice: save, exit for requeue
             session.save(state(), step)
             session.exit_preempted(step)
-    session.finish(model.state_dict(), step, {"train_loss": loss.item()})
+    session.finish(model, step, {"train_loss": loss.item()})
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mlflow.tracking import MlflowClient
 
 from tests.fixtures.platform import ROOT, last_json, server_logs
 from training_platform.datasets import load_manifest
@@ -18,8 +19,9 @@ EXAMPLE = ROOT / "examples" / "own_data"
 
 @pytest.fixture
 def user_dir(tmp_path) -> Path:
-    """The example copied where a user keeps it: its data folder and its spec, trained briefly."""
+    """The example copied where a user keeps it: its data folder, script and spec, trained briefly."""
     shutil.copytree(EXAMPLE / "data", tmp_path / "data")
+    shutil.copy(EXAMPLE / "train.py", tmp_path / "train.py")
     spec = yaml.safe_load((EXAMPLE / "spec.yaml").read_text())
     spec["training"].update(max_steps=20, eval_every=10, log_every=5)
     spec["checkpoint"] = {"every_steps": 10, "keep_last": 1}
@@ -43,7 +45,13 @@ def test_own_parquet_files_train_and_register_a_model(platform, user_dir):
     manifest = load_manifest(platform.home / "snapshots", result["snapshot_id"])
     assert manifest.source == str(user_dir / "data") and manifest.total_rows == 178
     assert manifest.label_names == ["barbera", "barolo", "grignolino"] and manifest.num_features == 13
-    assert 0 <= result["test_accuracy"] <= 1
+    # The user's script measured its own model: every metric the spec names, the gate's too.
+    assert 0 <= result["test_accuracy"] <= 1 and 0 <= result["test_f1_macro"] <= 1 and result["test_loss"] > 0
+    assert result["promoted"] is True and result["gate"] == "no champion yet", result
+    version = MlflowClient(tracking_uri=result["tracking_uri"]).get_model_version("wine-classifier", "1")
+    assert float(version.tags["test_f1_macro"]) == pytest.approx(result["test_f1_macro"], abs=1e-4)
+    assert version.tags["test_split_of"] == result["snapshot_id"]
+    assert version.tags["weights_sha256"] == result["final_weights_sha256"]
 
     # Refused before anything is queued, exit 2, one line naming the problem and the fix.
     with platform.instance() as instance:

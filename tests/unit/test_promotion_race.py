@@ -8,14 +8,16 @@ import multiprocessing
 from pathlib import Path
 
 from training_platform.documents import shared_lock
-from training_platform.tracking import CHAMPION_ALIAS, promote
+from training_platform.spec import GateSpec
+from training_platform.tracking import CHAMPION_ALIAS, promote, promotion_gate
 
 ACCURACIES = [0.90, 0.95, 0.93, 0.91]
 
 
 def _promote(uri: str, run_id: str, version: str, accuracy: float, home: str, barrier) -> None:
     barrier.wait()  # every candidate reaches the gate together
-    promote(uri, run_id, "race-model", version, accuracy, shared_lock(Path(home), "registry", "race-model"))
+    lock = shared_lock(Path(home), "registry", "race-model")
+    promote(uri, run_id, "race-model", version, {"accuracy": accuracy}, GateSpec(), lock)
 
 
 def test_candidates_finishing_together_leave_the_best_as_champion(tmp_path):
@@ -49,3 +51,31 @@ def test_candidates_finishing_together_leave_the_best_as_champion(tmp_path):
     # Each candidate recorded a decision: champion (then, at least) or rejected.
     decisions = [client.get_run(run).data.tags["candidate_status"] for run, _, _ in candidates]
     assert set(decisions) <= {"champion", "rejected"}
+
+
+def test_the_gate_compares_the_specs_metric_in_its_direction_by_its_margin(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    client.create_registered_model("gated")
+    champion = client.create_model_version(
+        "gated", source=str(tmp_path / "v1"), tags={"test_loss": "0.500000", "test_accuracy": "0.900000"}
+    ).version
+    client.set_registered_model_alias("gated", CHAMPION_ALIAS, champion)
+
+    def decide(candidate: dict[str, float], **gate) -> tuple[bool, str]:
+        decision = promotion_gate(uri, "gated", candidate, GateSpec(**gate))
+        return decision.promote, decision.reason
+
+    assert decide({"accuracy": 0.9}) == (False, "test accuracy 0.9000 does not beat champion v1 (0.9000)")
+    assert decide({"accuracy": 0.91})[0] is True
+    assert decide({"accuracy": 0.91}, min_improvement=0.02) == (
+        False, "test accuracy 0.9100 does not beat champion v1 (0.9000) by at least 0.02"
+    )
+    assert decide({"loss": 0.4}, metric="loss", direction="minimize") == (
+        True, "test loss 0.4000 beats champion v1 (0.5000)"
+    )
+    assert decide({"loss": 0.6}, metric="loss", direction="minimize")[0] is False
+    promoted, reason = decide({"f1": 0.99}, metric="f1")
+    assert not promoted and reason.startswith("champion v1 has no test f1 to compare with")

@@ -256,11 +256,11 @@ def summary(client: PlatformClient, run_id: str, final: Progress) -> dict[str, A
         "snapshot_id": trained.get("snapshot_id"),
         "tracking_uri": trained.get("tracking_uri"),
     }
-    if "evaluated_model" in assets:
-        result["test_accuracy"] = round(assets["evaluated_model"]["test_accuracy"], 4)
+    measured = assets.get("evaluated_model", {})  # test_<metric> for each metric the spec names
+    result |= {k: round(v, 4) for k, v in measured.items() if k.startswith("test_") and isinstance(v, float)}
     if "registered_model" in assets:
         registered = assets["registered_model"]
-        result |= {k: registered.get(k) for k in ("model_name", "model_version", "promoted")}
+        result |= {k: registered.get(k) for k in ("model_name", "model_version", "promoted", "gate")}
     return result
 
 

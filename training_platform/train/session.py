@@ -7,7 +7,10 @@
         session.report(step, {"loss": loss})
         if session.should_checkpoint(step): session.save(state, step)
         if session.should_stop(): session.save(state, step); session.exit_preempted()
-    session.finish(model.state_dict(), step)
+    session.finish(model, step)
+
+The same script evaluates its run (train/evaluation_mode.py): started again with an evaluation request,
+`restore()` returns the final checkpoint and `finish(model, ...)` measures the model on the test split.
 
 Templates are written against this API, never around it.
 """
@@ -37,6 +40,7 @@ from training_platform.spec import TrainSpec, parse_spec
 from training_platform.telemetry.worker import WorkerTelemetry
 from training_platform.train import distributed, spot_notice
 from training_platform.train.checkpointing import RunCheckpointer, retention_policy
+from training_platform.train.evaluation_mode import EvaluationRequest, Evaluator, evaluate_model, exact_checkpoint
 from training_platform.train.reporting import Reporter
 from training_platform.train.stopping import StopAgreement
 from training_platform.train.weights import weights_sha256
@@ -64,6 +68,8 @@ class TrainingSession:
     pruning: Any = None  # TrialPruning when this run is a sweep trial (main rank only)
     _prune_requested: bool = False
     _started: float = field(default_factory=time.monotonic)
+    evaluation: EvaluationRequest | None = None  # set when the script was started to evaluate a checkpoint
+    _evaluator: Evaluator | None = None
 
     # ----- start --------------------------------------------------------------------------
     @classmethod
@@ -72,6 +78,7 @@ class TrainingSession:
         spec_path = Path(spec_path or os.environ["TP_SPEC"])
         spec = parse_spec(json.loads(spec_path.read_text()), source=str(spec_path))
         run_id = run_id or os.environ["TP_RUN_ID"]
+        evaluation = EvaluationRequest.from_env()
         info = distributed.init_distributed()
         distributed.seed_everything(spec.training.seed)
         session = cls(
@@ -81,10 +88,12 @@ class TrainingSession:
             home=PlatformHome.from_env(),
             dist=info,
             reporter=Reporter(enabled=info.is_main, run_dir=spec_path.parent, run_id=run_id),
+            evaluation=evaluation,
         )
         session.take_signals()
         TrainingSession.current = session
-        session._watch_spot_notices()
+        if evaluation is None:
+            session._watch_spot_notices()
         session.telemetry = WorkerTelemetry.start(
             spec, run_id, spec_path.parent, info.rank, info.local_rank, info.local_world_size
         )
@@ -97,7 +106,8 @@ class TrainingSession:
         session.reporter.info(
             f"run {run_id}: {info.world_size} process(es), backend {info.backend}, device {info.device.type}"
         )
-        session._join_sweep()
+        if evaluation is None:
+            session._join_sweep()
         return session
 
     def take_signals(self) -> None:
@@ -129,10 +139,14 @@ class TrainingSession:
     @cached_property
     def checkpoint_key(self) -> str:
         """Where this attempt's checkpoints live in the store: the run id, or a reproduction's own key."""
+        if self.evaluation is not None:
+            return self.evaluation.checkpoint_key
         return os.environ.get("TP_CHECKPOINT_KEY") or self.run_id
 
     @cached_property
     def store(self) -> CheckpointStore:
+        if self.evaluation is not None:
+            return open_store(self.evaluation.store_uri)
         return open_store(self.spec.checkpoint.store_uri or self.home.checkpoints)
 
     @property
@@ -158,6 +172,12 @@ class TrainingSession:
             seed=self.spec.training.seed,
         )
 
+    def evaluate_with(self, evaluator: Evaluator) -> None:
+        """How the run's model is measured on a test split: `evaluator(model, data)` returns the metrics the
+        spec's `evaluation.metrics` names (default without one: a classifier's accuracy and loss). It is
+        called only when the platform evaluates a checkpoint (evaluated_model, the gate's re-evaluation)."""
+        self._evaluator = evaluator
+
     # ----- progress -----------------------------------------------------------------------
     def report(self, step: int, metrics: dict[str, float]) -> None:
         self.reporter.metrics(step, metrics)
@@ -172,7 +192,7 @@ class TrainingSession:
 
     def should_checkpoint(self, step: int) -> bool:
         """True at the steps to checkpoint, the same on every rank; call it once per step."""
-        if not self.cadence.due(step):
+        if self.evaluation is not None or not self.cadence.due(step):
             return False
         self.cadence.saved(step)
         return True
@@ -239,7 +259,7 @@ class TrainingSession:
         only once the checkpoint is durable in the store.
         """
         rng_states = distributed.all_gather_rng_states(self.dist)
-        if not self.dist.is_main:
+        if not self.dist.is_main or self.evaluation is not None:  # an evaluation never writes the run's store
             return
         self._last_model_state = state.get("model")  # a reference, for a pruned trial's weights hash
         with self.telemetry.clock.checkpoint():
@@ -283,7 +303,14 @@ class TrainingSession:
 
         None on a fresh run. Raises CheckpointError, with every checkpoint's reason, when the run
         has checkpoints and none restores: starting over would save over the progress they hold.
+        In an evaluation: the checkpoint it evaluates.
         """
+        if self.evaluation is not None:
+            manifest = exact_checkpoint(self.store, self.evaluation)
+            state = self.store.load(manifest)
+            distributed.set_rng_state(state["rng"][0])
+            self.resumed_from_step = state["step"]
+            return state["user"], state["step"]
         restored = self.store.restore_latest(self.checkpoint_key)
         if restored is None:
             return None
@@ -340,8 +367,14 @@ class TrainingSession:
         distributed.shutdown()
         sys.exit(PREEMPTED_EXIT_CODE)
 
-    def finish(self, model_state: dict[str, torch.Tensor], final_step: int, metrics: dict[str, float]) -> dict:
-        """Write the run's result (rank 0), report it to Dagster, leave the process group."""
+    def finish(
+        self, model: torch.nn.Module | dict[str, torch.Tensor], final_step: int, metrics: dict[str, float]
+    ) -> dict:
+        """Write the run's result (rank 0), report it to Dagster, leave the process group. Pass the model (its
+        state_dict is accepted too): the platform evaluates and registers the model a script hands over here."""
+        if self.evaluation is not None:
+            return self._finish_evaluation(model, final_step)
+        model_state = model.state_dict() if isinstance(model, torch.nn.Module) else model
         self._close_checkpointer()
         if self.cadence.auto and self.cadence.choice is None and final_step > FIRST_AUTO_STEPS:
             self.reporter.info(
@@ -356,6 +389,16 @@ class TrainingSession:
             (self.run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))
             self.reporter.materialization(_metadata(result) | telemetry_metadata)
             self.reporter.info(f"finished at step {final_step}: weights {result['final_weights_sha256'][:12]}")
+        self.reporter.close()
+        distributed.shutdown()
+        return result
+
+    def _finish_evaluation(self, model: torch.nn.Module | dict[str, torch.Tensor], final_step: int) -> dict:
+        assert self.evaluation is not None
+        result = evaluate_model(model, self.dataset("test"), self._evaluator, self.evaluation, self.run_dir, final_step)
+        measured = ", ".join(f"{name} {value:.4f}" for name, value in result["metrics"].items())
+        self.reporter.info(f"evaluated the checkpoint of step {final_step}: {measured}")
+        self.telemetry.finish("EVALUATED")
         self.reporter.close()
         distributed.shutdown()
         return result

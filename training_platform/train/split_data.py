@@ -8,6 +8,8 @@ the data's position too, and a resumed run reads exactly the batches it would ha
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import cached_property
+from typing import NamedTuple
 
 import torch
 
@@ -18,14 +20,34 @@ from training_platform.train.sampler import StepSampler
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
+class Sampling(NamedTuple):
+    """StepSampler's arguments after the row count."""
+
+    batch_size: int
+    rank: int
+    world_size: int
+    seed: int
+
+
 class SplitBatches:
     """`batches[step]`: (features, labels) this rank trains on at 0-based `step`; `features`/`labels`: the whole
     split (for an evaluation). Features are float32 in [0, 1] (each by its range), labels int64 class ids."""
 
-    def __init__(self, features: torch.Tensor, labels: torch.Tensor, sampler: StepSampler, label_names: list[str]):
-        self.features, self.labels, self.sampler = features, labels, sampler
+    def __init__(
+        self, features: torch.Tensor, labels: torch.Tensor, sampling: Sampling, label_names: list[str], split: str
+    ):
+        self.features, self.labels, self._sampling = features, labels, sampling
         self.label_names = label_names
         """Class i's name: the snapshot's string labels, else "0", "1", ..."""
+        self.split = split
+
+    @cached_property
+    def sampler(self) -> StepSampler:
+        """Built at the first batch: a split read whole (an evaluation's) may hold fewer rows than one batch."""
+        try:
+            return StepSampler(len(self.labels), *self._sampling)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("the training split", f"the {self.split} split")) from None
 
     @classmethod
     def load(
@@ -34,7 +56,7 @@ class SplitBatches:
         manifest = load_manifest(root, snapshot_id)
         features, labels = (torch.from_numpy(array) for array in read_split(root, snapshot_id, split))
         names = manifest.label_names or [str(index) for index in range(manifest.num_classes)]
-        return cls(features, labels, StepSampler(len(labels), batch_size, rank, world_size, seed), names)
+        return cls(features, labels, Sampling(batch_size, rank, world_size, seed), names, split)
 
     def __len__(self) -> int:
         return len(self.labels)

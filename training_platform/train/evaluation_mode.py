@@ -1,0 +1,125 @@
+"""A user's script, run again to evaluate one checkpoint: the worker's side of `evaluated_model`.
+
+The platform starts the script as it started it for training, in one process, with TP_EVALUATION naming a
+request. `session.restore()` then returns that exact checkpoint (the run's final one, by its lineage), so a
+script that resumes correctly trains no further step; `session.finish(model, ...)` hands over the model,
+which is measured on the test split of the snapshot the request names (by the function the script gave
+`session.evaluate_with`, else as a classifier: accuracy and loss of its logits) and, for the candidate,
+logged to the run's MLflow run with the pytorch flavour. The script's own code runs only here, never in
+the Dagster process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from training_platform.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from training_platform.checkpoints import CheckpointManifest, CheckpointStore
+    from training_platform.train.split_data import SplitBatches
+
+EVALUATION_ENV = "TP_EVALUATION"
+"""Path of the request (JSON): set only in an evaluation process."""
+RESULT_FILE = "evaluation.json"
+
+Evaluator = Callable[[nn.Module, "SplitBatches"], Mapping[str, float]]
+
+
+class EvaluationRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    checkpoint_key: str = Field(..., description="the run's key in the checkpoint store")
+    step: int = Field(..., ge=0, description="the checkpoint's step")
+    manifest_sha256: str = Field(..., pattern=r"^[0-9a-f]{64}$", description="the checkpoint's manifest hash")
+    store_uri: str
+    tracking_uri: str | None = Field(None, description="MLflow, where the measured model is logged")
+    log_model_to: str | None = Field(None, description="the MLflow run to log the model into (the candidate's)")
+
+    @classmethod
+    def from_env(cls) -> EvaluationRequest | None:
+        path = os.environ.get(EVALUATION_ENV)
+        return cls.model_validate_json(Path(path).read_text()) if path else None
+
+
+def exact_checkpoint(store: CheckpointStore, request: EvaluationRequest) -> CheckpointManifest:
+    """The checkpoint the request names, never 'the newest one on disk'."""
+    for manifest in store.list(request.checkpoint_key):
+        if manifest.step == request.step and manifest.manifest_sha256 == request.manifest_sha256:
+            return manifest
+    raise CheckpointError(
+        f"checkpoint step {request.step} (sha256 {request.manifest_sha256[:12]}) of {request.checkpoint_key} is not "
+        f"in {store.uri}; it may have been deleted by retention: re-run the training_run partition"
+    )
+
+
+def evaluate_model(
+    model: Any, test: SplitBatches, evaluator: Evaluator | None, request: EvaluationRequest, run_dir: Path, step: int
+) -> dict:
+    """Measure MODEL on the test split, log it when asked, and write the result the platform reads back."""
+    from training_platform.train.weights import weights_sha256
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            "in an evaluation, session.finish needs the model itself, not its state_dict: call "
+            "session.finish(model, step, metrics) so the platform can measure and register it"
+        )
+    model = getattr(model, "module", model)  # DistributedDataParallel and the like wrap the module
+    if step != request.step:
+        raise RuntimeError(
+            f"the script finished at step {step}, but it was evaluating the checkpoint of step {request.step}: "
+            "resume from session.restore() and train only while step < training.max_steps"
+        )
+    model.eval()
+    metrics = _metrics(evaluator(model, test) if evaluator is not None else _classifier_metrics(model, test))
+    result = {
+        "metrics": metrics,
+        "test_rows": len(test),
+        "step": step,
+        "weights_sha256": weights_sha256(model.state_dict()),
+        "model_uri": _log_model(model, test, request) if request.log_model_to else None,
+    }
+    (run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _classifier_metrics(model: nn.Module, test: SplitBatches) -> Mapping[str, float]:
+    from training_platform.train.data import evaluate
+
+    return evaluate(model, test.features, test.labels)
+
+
+def _metrics(reported: Mapping[str, Any]) -> dict[str, float]:
+    metrics = {}
+    for name, value in dict(reported).items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"the evaluation reported {name}={value!r}; report numbers (float)") from None
+        if not math.isfinite(number):
+            raise ValueError(f"the evaluation reported {name}={number}; a metric must be a finite number")
+        metrics[str(name)] = number
+    return metrics
+
+
+def _log_model(model: nn.Module, test: SplitBatches, request: EvaluationRequest) -> str:
+    """The measured model in the candidate's MLflow run (pytorch flavour); registered_model registers it."""
+    import mlflow
+    import mlflow.pytorch
+
+    from training_platform.tracking import model_requirements
+
+    mlflow.set_tracking_uri(request.tracking_uri)
+    with mlflow.start_run(run_id=request.log_model_to):
+        info = mlflow.pytorch.log_model(
+            model, name="model", input_example=test.features[:1].numpy(), pip_requirements=model_requirements()
+        )
+    return info.model_uri
