@@ -5,6 +5,7 @@ import dagster as dg
 from assets.partitions import training_runs
 from resources.platform import PlatformResource
 from training_platform import tracking
+from training_platform.champion import remeasure
 from training_platform.checkpoints import open_store
 from training_platform.documents import shared_lock
 from training_platform.evaluate import evaluate_checkpoint, find_checkpoint, input_example, load_model
@@ -94,10 +95,11 @@ def registered_model(
     )
     metrics = _metrics(evaluated_model)
     lineage = training_run["lineage"]
+    split = evaluated_model.get("snapshot_id") or lineage["snapshot_id"]  # the snapshot whose test split measured it
     tags = {
         "training_run": training_run["run_id"],
         **{metric_tag(name): f"{value:.6f}" for name, value in metrics.items()},
-        "test_split_of": str(evaluated_model.get("snapshot_id") or lineage.get("snapshot_id")),
+        "test_split_of": split,
         "weights_sha256": training_run["final_weights_sha256"],
         "checkpoint_uri": manifest.uri,
         **{k: str(v) for k, v in lineage.items()},
@@ -117,6 +119,8 @@ def registered_model(
         metrics,
         spec.evaluated.gate,
         shared_lock(platform.paths().root, "registry", model_name),
+        split,
+        lambda champion_tags: remeasure(platform.paths(), champion_tags, split),
     )
     context.log.info(f"promotion gate: {'pass' if gate.promote else 'fail'}: {gate.reason}")
     # While the version exists, retention, tiering and GC keep its checkpoint (the lifecycle

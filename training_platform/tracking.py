@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,15 +156,29 @@ class GateDecision:
     champion_value: float | None
 
 
+Remeasure = Callable[[Mapping[str, str]], dict[str, float]]
+"""The metrics of the version with these tags, measured on the candidate's test split (champion.py)."""
+
+
 def metric_tag(metric: str) -> str:
     """The registry tag that holds a version's test metric (`test_accuracy`, as versions always had)."""
     return f"test_{metric}"
 
 
-def promotion_gate(tracking_uri: str, model_name: str, candidate: dict[str, float], gate: GateSpec) -> GateDecision:
+def promotion_gate(
+    tracking_uri: str,
+    model_name: str,
+    candidate: dict[str, float],
+    gate: GateSpec,
+    split: str | None = None,
+    remeasure: Remeasure | None = None,
+) -> GateDecision:
     """Promote when there is no champion yet, or the candidate beats it on the gate's metric by at least
-    `min_improvement` (strictly, when that is 0)."""
+    `min_improvement` (strictly, when that is 0). SPLIT: the snapshot whose test split measured the candidate;
+    a champion measured on another is measured again on it (REMEASURE) before they are compared."""
     from mlflow.exceptions import MlflowException
+
+    from training_platform.champion import ChampionNotMeasured, measured_on
 
     client = _client(tracking_uri)
     try:
@@ -171,7 +186,20 @@ def promotion_gate(tracking_uri: str, model_name: str, candidate: dict[str, floa
     except MlflowException:
         return GateDecision(True, "no champion yet", None, None)
     name, value = gate.metric, candidate[gate.metric]
-    recorded = champion.tags.get(metric_tag(name))
+    recorded, where = champion.tags.get(metric_tag(name)), ""
+    champion_split = measured_on(champion.tags)
+    if split is not None:
+        where = f", both on the test split of snapshot {split[:12]}"
+    if split is not None and champion_split != split and remeasure is not None:
+        try:
+            recorded = str(remeasure(champion.tags)[name])
+            where += f" (champion v{champion.version} measured again on it)"
+        except (ChampionNotMeasured, KeyError) as exc:
+            missing = f"its evaluation does not report {name}" if isinstance(exc, KeyError) else str(exc)
+            where = (
+                f"; the champion as recorded on snapshot {str(champion_split)[:12]}'s test split, the candidate on "
+                f"{split[:12]}'s: the champion could not be measured again ({missing})"
+            )
     if recorded is None:
         return GateDecision(
             False,
@@ -187,7 +215,7 @@ def promotion_gate(tracking_uri: str, model_name: str, candidate: dict[str, floa
     verb = "beats" if beats else "does not beat"
     return GateDecision(
         beats,
-        f"test {name} {value:.4f} {verb} champion v{champion.version} ({champion_value:.4f}){margin}",
+        f"test {name} {value:.4f} {verb} champion v{champion.version} ({champion_value:.4f}){margin}{where}",
         champion.version,
         champion_value,
     )
@@ -237,6 +265,8 @@ def promote(
     candidate: dict[str, float],
     gate_spec: GateSpec,
     lock: contextlib.AbstractContextManager[None],
+    split: str | None = None,
+    remeasure: Remeasure | None = None,
 ) -> GateDecision:
     """The gate, then the champion alias moved to VERSION if it passed, as one step per model.
 
@@ -250,7 +280,7 @@ def promote(
     client = _client(tracking_uri)
     with lock:
         for attempt in range(ALIAS_WRITE_ATTEMPTS):
-            gate = promotion_gate(tracking_uri, model_name, candidate, gate_spec)
+            gate = promotion_gate(tracking_uri, model_name, candidate, gate_spec, split, remeasure)
             if gate.champion_version is not None and str(gate.champion_version) == version:
                 # The write that raised had gone through: this version is the champion already.
                 gate = GateDecision(True, f"v{version} is the champion", gate.champion_version, gate.champion_value)
@@ -265,4 +295,5 @@ def promote(
                     raise
                 time.sleep(0.2 * 2**attempt)
     client.set_tag(mlflow_run_id, "candidate_status", "champion" if gate.promote else "rejected")
+    client.set_model_version_tag(model_name, version, "gate", gate.reason)  # why, beside the version
     return gate

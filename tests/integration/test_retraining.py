@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from dagster._core.storage.defs_state.base import set_defs_state_storage
+from mlflow.tracking import MlflowClient
 
 from assets import ALL_ASSETS
 from assets.datasets import EXPECTATIONS, resolve_snapshot_id
@@ -271,6 +272,8 @@ def test_backfill_of_three_days_builds_three_models_with_distinct_lineage(tmp_pa
         snapshots = json.loads(listed.stdout.strip().splitlines()[-1])["snapshots"]
         failed = platform.tp("snapshots", "show", snapshots[0]["snapshot_id"][:12])
         passed = platform.tp("snapshots", "show", snapshots[1]["snapshot_id"], "--json")
+        registry = MlflowClient(tracking_uri=PlatformHome(platform.home).mlflow_tracking_uri)
+        gates = [registry.get_model_version("tiny-daily", str(n)).tags["gate"] for n in (1, 2, 3)]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     days = report["days"]
     assert [d["run_id"] for d in days] == [f"tiny-daily-2026-11-0{n}" for n in (2, 3, 4)]
@@ -279,6 +282,11 @@ def test_backfill_of_three_days_builds_three_models_with_distinct_lineage(tmp_pa
     assert len({d["lineage_key"] for d in days}) == 3
     assert len({d["snapshot_id"] for d in days}) == 3
     assert days[0]["promoted"] is True  # the first model has no champion to beat
+    # Each later day's gate measured the champion again on that day's test split, and says so.
+    assert gates[0] == "no champion yet"
+    for day, gate in zip(days[1:], gates[1:], strict=True):
+        assert f"both on the test split of snapshot {day['snapshot_id'][:12]} (champion v" in gate, gate
+        assert gate.endswith("measured again on it)"), gate
     assert [d["lineage"]["snapshot_id"] for d in days] == [d["snapshot_id"] for d in days]
     for day in days:  # one line per day on the console
         assert f"{day['day']}  {day['run_id']}  model v{day['model_version']}" in proc.stderr

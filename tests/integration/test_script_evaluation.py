@@ -8,6 +8,8 @@ import yaml
 
 from tests.fixtures.platform import ROOT
 from tests.fixtures.worker import train
+from training_platform.attempts import finish_attempt
+from training_platform.champion import ChampionNotMeasured, remeasure
 from training_platform.checkpoints import open_store
 from training_platform.datasets import build_snapshot, load_manifest
 from training_platform.paths import PlatformHome
@@ -73,3 +75,21 @@ def test_a_script_that_hands_over_only_a_state_dict_is_told_to_pass_the_model(tr
     log = Path(str(failure.value).split("(log: ")[1].split(")")[0])
     assert "Traceback" in log.read_text()
     shutil.rmtree(log.parent)
+
+
+def test_a_champion_script_is_measured_again_on_another_snapshots_test_split(trained):
+    _, spec, home, result, final = trained
+    # What the training_run asset records when a run finishes (attempts.finish_attempt), which the gate reads.
+    record = {**result, "spec": spec.model_dump(mode="json"), "store_uri": str(home.checkpoints)}
+    finish_attempt(home.run_dir("byo-eval"), record)
+    newer = build_snapshot("sklearn_digits", home.snapshots, seed=7).snapshot_id  # other rows in its test split
+    assert newer != spec.dataset.snapshot_id
+    tags = {"training_run": "byo-eval", "weights_sha256": result["final_weights_sha256"]}
+    again = remeasure(home, tags, newer)
+    own = evaluate_script(home, spec, "byo-eval", final, str(home.checkpoints)).metrics
+    assert set(again) == {"accuracy", "loss"} and again["loss"] != own["loss"]
+    assert (home.run_dir("byo-eval") / "evaluations" / f"step20-{newer[:12]}" / "evaluation.json").is_file()
+    with pytest.raises(ChampionNotMeasured, match="does not hold the registered weights"):
+        remeasure(home, {**tags, "weights_sha256": "0" * 64}, newer)
+    with pytest.raises(ChampionNotMeasured, match="its training run never-ran's record is not in"):
+        remeasure(home, {"training_run": "never-ran"}, newer)

@@ -79,3 +79,44 @@ def test_the_gate_compares_the_specs_metric_in_its_direction_by_its_margin(tmp_p
     assert decide({"loss": 0.6}, metric="loss", direction="minimize")[0] is False
     promoted, reason = decide({"f1": 0.99}, metric="f1")
     assert not promoted and reason.startswith("champion v1 has no test f1 to compare with")
+
+
+def test_a_champion_measured_on_another_split_is_measured_again_on_the_candidates(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from training_platform.champion import ChampionNotMeasured
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    client.create_registered_model("daily")
+    tags = {"test_accuracy": "0.900000", "test_split_of": "a" * 64, "training_run": "daily-1"}
+    champion = client.create_model_version("daily", source=str(tmp_path / "v1"), tags=tags).version
+    client.set_registered_model_alias("daily", CHAMPION_ALIAS, champion)
+    asked: list[str] = []
+
+    def on_new_split(champion_tags) -> dict[str, float]:
+        asked.append(champion_tags["training_run"])
+        return {"accuracy": 0.95, "loss": 0.2}
+
+    decision = promotion_gate(uri, "daily", {"accuracy": 0.93}, GateSpec(), "b" * 64, on_new_split)
+    assert asked == ["daily-1"] and not decision.promote and decision.champion_value == 0.95
+    assert decision.reason == (
+        f"test accuracy 0.9300 does not beat champion v1 (0.9500), both on the test split of snapshot {'b' * 12} "
+        "(champion v1 measured again on it)"
+    )
+
+    def gone(champion_tags) -> dict[str, float]:
+        raise ChampionNotMeasured("its training run daily-1's record is not in /runs")
+
+    decision = promotion_gate(uri, "daily", {"accuracy": 0.93}, GateSpec(), "b" * 64, gone)
+    assert decision.promote and decision.champion_value == 0.9  # as recorded, and the reason says so
+    assert decision.reason.endswith(
+        f"the champion as recorded on snapshot {'a' * 12}'s test split, the candidate on {'b' * 12}'s: the champion "
+        "could not be measured again (its training run daily-1's record is not in /runs)"
+    )
+
+    def never(champion_tags) -> dict[str, float]:
+        raise AssertionError("measured again on its own split")
+
+    same = promotion_gate(uri, "daily", {"accuracy": 0.91}, GateSpec(), "a" * 64, never)
+    assert same.promote and same.reason.endswith(f"both on the test split of snapshot {'a' * 12}")
