@@ -39,8 +39,8 @@ CARRIED_TAGS = ("team", "owner", "dagster/priority", SWEEP_TAG, OWN_CODE_TAG)
 
 
 # Bad input fails the same way every time, and a run over its team's budget stays over it: retrying either
-# only burns compute or fails again.
-NOT_RETRYABLE = ("SpecError", "SnapshotError", "BudgetError")
+# only burns compute or fails again. So does a script's evaluation, which a retry would train again for.
+NOT_RETRYABLE = ("SpecError", "SnapshotError", "BudgetError", "EvaluationError")
 
 
 def retry_expected(error_class: str | None, retries_used: int, retries_allowed: int) -> bool:

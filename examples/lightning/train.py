@@ -3,7 +3,8 @@
     tp train examples/lightning/spec.yaml
 
 `PlatformCallback` reports metrics to MLflow and Dagster, checkpoints through the platform's store
-and saves-and-stops on a preemption notice. Batches come from a sampler addressed by global step,
+and saves-and-stops on a preemption notice. The spec's `evaluation` has the platform evaluate and
+register the module (pytorch flavour) once training ends. Batches come from a sampler addressed by global step,
 so a resumed run reads exactly what the interrupted one would have.
 """
 
@@ -25,9 +26,12 @@ class Classifier(L.LightningModule):
         self.learning_rate = learning_rate
         self.net = nn.Sequential(nn.Linear(features, 64), nn.ReLU(), nn.Linear(64, 10))
 
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.net(inputs)  # logits: how the platform's evaluation measures a classifier
+
     def training_step(self, batch, batch_idx):
         inputs, labels = batch
-        loss = F.cross_entropy(self.net(inputs), labels)
+        loss = F.cross_entropy(self(inputs), labels)
         self.log("train_loss", loss)
         return loss
 
@@ -82,9 +86,10 @@ def main() -> None:
         enable_model_summary=False,
     )
     trainer.fit(module, loader, ckpt_path=ckpt_path)
-    session.finish(
-        module.state_dict(), trainer.global_step, {"train_loss": float(trainer.callback_metrics["train_loss"])}
-    )
+    # The module itself: evaluated on the test split (the script runs again on its final checkpoint, and
+    # fit() has no step left to train, nor a loss to log) and registered.
+    metrics = {name: float(value) for name, value in trainer.callback_metrics.items() if name == "train_loss"}
+    session.finish(module, trainer.global_step, metrics)
 
 
 if __name__ == "__main__":

@@ -36,36 +36,34 @@ def evaluate(model: nn.Module, test: SplitBatches) -> dict[str, float]:
 
 
 def main() -> None:
-    session = TrainingSession.start()
-    session.evaluate_with(evaluate)
-    cfg = session.spec.training
-    data = session.dataset("train")  # features scaled to [0, 1]; labels are the cultivars' class ids
+    with TrainingSession.start() as session:
+        session.evaluate_with(evaluate)
+        cfg = session.spec.training
+        data = session.dataset("train")  # features scaled to [0, 1]; labels are the cultivars' class ids
 
-    model = nn.Sequential(nn.Linear(data.num_features, 32), nn.ReLU(), nn.Linear(32, data.num_classes))
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
-    step = 0
-    if (restored := session.restore()) is not None:
-        state, step = restored
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-    trained = DistributedDataParallel(model) if session.dist.world_size > 1 else model
+        model = nn.Sequential(nn.Linear(data.num_features, 32), nn.ReLU(), nn.Linear(32, data.num_classes))
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate)
+        step = 0
+        if (restored := session.restore()) is not None:
+            state, step = restored
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        trained = DistributedDataParallel(model) if session.dist.world_size > 1 else model
 
-    loss = torch.tensor(0.0)
-    while step < cfg.max_steps:
-        features, labels = data[step]
-        loss = F.cross_entropy(trained(features), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        step += 1
-        if step % cfg.log_every == 0:
-            session.report(step, {"train_loss": loss.item()})
-        stopping = step < cfg.max_steps and session.should_stop()
-        if session.should_checkpoint(step) or stopping:
-            session.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, step)
-        if stopping:  # a preemption notice: the checkpoint above is the run's next start
-            session.exit_preempted(step)
-    session.finish(model, step, {"train_loss": loss.item()})
+        def state() -> dict:
+            return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+
+        loss = torch.tensor(0.0)
+        while step < cfg.max_steps:
+            features, labels = data[step]
+            loss = F.cross_entropy(trained(features), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if session.after_step(step, state, {"train_loss": loss.detach()}):
+                break  # preempted: saved, and the platform resumes the run from here
+        session.finish(model, step, {"train_loss": loss.item()})
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ from training_platform.checkpoints import open_store
 from training_platform.datasets import build_snapshot
 from training_platform.launch import JobState
 from training_platform.launch.local import LocalLauncher
+from training_platform.paths import PlatformHome
 from training_platform.runlog import RunEvents
+from training_platform.script_evaluation import evaluate_script
 from training_platform.spec import load_spec
 
 pytestmark = pytest.mark.integration
@@ -50,6 +52,19 @@ def test_adapter_reports_checkpoints_and_resumes_exactly(home, framework):
     resumed = train(home, run_id, spec)
     assert resumed["resumed_from_step"] == emergency
     assert resumed["final_weights_sha256"] == straight["final_weights_sha256"]
+
+
+def test_a_lightning_run_is_evaluated_by_its_script_on_its_final_checkpoint(home):
+    snapshot = next((home / "snapshots").glob("*.json")).stem
+    spec = load_spec(EXAMPLES / "lightning" / "spec.yaml").with_snapshot(snapshot)
+    spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"store_uri": str(home / "ck")})})
+    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"max_steps": 40})})
+    trained = train(home, "lightning-evaluated", spec)
+    final = open_store(home / "ck").list("lightning-evaluated")[-1]
+    measured = evaluate_script(PlatformHome(home), spec, "lightning-evaluated", final, str(home / "ck"))
+    # The module Lightning restored from the final checkpoint, measured on the test split: no step trained.
+    assert measured.step == 40 and measured.weights_sha256 == trained["final_weights_sha256"]
+    assert set(measured.metrics) == {"accuracy", "loss"} and measured.metrics["accuracy"] > 0.3
 
 
 def test_the_hf_callback_refuses_an_interval_the_trainer_cannot_follow():

@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> None:
         session = _current_session()
         if session is not None:
             session.reporter.flush_metrics()
+    session = _current_session()
+    if session is not None and session.exit_code:  # the script returned after after_step() said to stop
+        sys.exit(session.exit_code)
 
 
 def script_to_run(entrypoint: EntrypointSpec, run_dir: Path) -> str:

@@ -1,13 +1,17 @@
 """The worker SDK: what a training script calls to get lineage, checkpoints and preemption safety.
 
-    session = TrainingSession.start()              # spec, ranks, process group, seeds, device
-    restored = session.restore()                   # (state, step) or None
-    while step < session.spec.training.max_steps:
-        ...
-        session.report(step, {"loss": loss})
-        if session.should_checkpoint(step): session.save(state, step)
-        if session.should_stop(): session.save(state, step); session.exit_preempted()
-    session.finish(model, step)
+    with TrainingSession.start() as session:       # spec, ranks, process group, seeds, device
+        data = session.dataset("train")            # data[step]: this rank's batch at that step
+        restored = session.restore()               # (state, step) or None
+        while step < session.spec.training.max_steps:
+            ...
+            step += 1
+            if session.after_step(step, state, {"loss": loss}):  # reports, saves when due; True: stop now
+                break
+        session.finish(model, step, metrics)       # the run's result; after a stop, ends it as preempted
+
+(`report`, `should_checkpoint`, `save`, `should_stop` and `exit_preempted` are after_step's parts, for loops
+that need them one by one: the templates, the framework adapters.)
 
 The same script evaluates its run (train/evaluation_mode.py): started again with an evaluation request,
 `restore()` returns the final checkpoint and `finish(model, ...)` measures the model on the test split.
@@ -23,6 +27,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -48,6 +53,9 @@ from training_platform.train.weights import weights_sha256
 if TYPE_CHECKING:
     from training_platform.train.split_data import SplitBatches
 
+StateOrMaker = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
+MetricsOrMaker = Mapping[str, float | torch.Tensor] | Callable[[], Mapping[str, float | torch.Tensor]]
+
 
 @dataclass
 class TrainingSession:
@@ -70,6 +78,10 @@ class TrainingSession:
     _started: float = field(default_factory=time.monotonic)
     evaluation: EvaluationRequest | None = None  # set when the script was started to evaluate a checkpoint
     _evaluator: Evaluator | None = None
+    _stopped_at: int | None = None  # the step after_step stopped the run at
+    _ended: bool = False
+    exit_code: int = 0
+    """What the worker exits with once the script returns: a run stopped for preemption exits as PREEMPTED."""
 
     # ----- start --------------------------------------------------------------------------
     @classmethod
@@ -249,6 +261,38 @@ class TrainingSession:
         # Every rank of a trial has the sweep context, so all of them agree on every step.
         return StopAgreement(self.dist, every_step=bool(os.environ.get("TP_SWEEP_CONTEXT")))
 
+    def after_step(
+        self,
+        step: int,
+        state: StateOrMaker,
+        metrics: MetricsOrMaker | None = None,
+    ) -> bool:
+        """The one call at the end of each step, on every rank (STEP: the steps done so far). Reports METRICS
+        every training.log_every steps, checkpoints STATE when due, and returns True when the run must stop
+        now (a preemption notice, or its trial was pruned) with STATE saved: leave the loop and call finish,
+        which ends the run for the platform to resume (or as pruned). STATE may be a function, called only when
+        a checkpoint is due; a metric may be a 0-d tensor, read (a wait for the device) only when reported."""
+        if metrics is not None and step % self.spec.training.log_every == 0:
+            reported = metrics() if callable(metrics) else metrics
+            self.report(step, {name: float(value) for name, value in reported.items()})
+        due = self.should_checkpoint(step)
+        stop = step < self.spec.training.max_steps and self.should_stop()
+        if due or stop:
+            self.save(dict(state() if callable(state) else state), step)
+        if stop:
+            self._stopped_at = step
+        return stop
+
+    def __enter__(self) -> TrainingSession:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: Any) -> None:
+        if kind is None and not self._ended and self.evaluation is None:
+            raise RuntimeError("the script left `with TrainingSession.start()` without session.finish(model, step, "
+                               "metrics): call it after the loop, also when after_step said to stop")
+        if kind is not None:
+            self.flush()  # a checkpoint saved before the error is not lost
+
     # ----- checkpoints --------------------------------------------------------------------
     def save(
         self, state: dict[str, Any], step: int, metrics: dict[str, float] | None = None, *, wait: bool = False
@@ -327,6 +371,13 @@ class TrainingSession:
         self.reporter.info(f"resumed from checkpoint step {state['step']}: {restored.manifest.uri}")
         return state["user"], state["step"]
 
+    def restore_candidates(self) -> list[CheckpointManifest]:
+        """The checkpoints a framework's own restore may start from, newest first (the first that verifies
+        wins); in an evaluation, only the one it evaluates."""
+        if self.evaluation is not None:
+            return [exact_checkpoint(self.store, self.evaluation)]
+        return list(reversed(self.store.list(self.checkpoint_key)))
+
     def checkpoint_saved(self, manifest: CheckpointManifest, seconds: float = 0.0) -> None:
         """Bookkeeping after a strategy's own collective save (sharded DCP, DeepSpeed): main rank only."""
         if not self.dist.is_main:
@@ -352,8 +403,13 @@ class TrainingSession:
     # ----- end ----------------------------------------------------------------------------
     def exit_preempted(self, step: int) -> None:
         """Leave after the emergency checkpoint with the status launchers read as PREEMPTED (or PRUNED)."""
+        sys.exit(self._leave_stopped(step))
+
+    def _leave_stopped(self, step: int) -> int:
+        """End a run stopped at STEP after its checkpoint: preempted (the exit code launchers read as PREEMPTED)
+        or a pruned trial (0, status PRUNED in its result)."""
         if self._prune_requested:
-            self._exit_pruned(step)
+            return self._leave_pruned(step)
         self._close_checkpointer()
         # torchrun tears down every rank once one exits non-zero: leave together, after the save is durable.
         distributed.barrier(self.dist)
@@ -365,15 +421,19 @@ class TrainingSession:
         self.telemetry.finish("PREEMPTED")
         self.reporter.close()
         distributed.shutdown()
-        sys.exit(PREEMPTED_EXIT_CODE)
+        return PREEMPTED_EXIT_CODE
 
     def finish(
         self, model: torch.nn.Module | dict[str, torch.Tensor], final_step: int, metrics: dict[str, float]
     ) -> dict:
         """Write the run's result (rank 0), report it to Dagster, leave the process group. Pass the model (its
         state_dict is accepted too): the platform evaluates and registers the model a script hands over here."""
+        self._ended = True
         if self.evaluation is not None:
             return self._finish_evaluation(model, final_step)
+        if self._stopped_at is not None:  # after_step said to stop: the run ends preempted (or pruned)
+            self.exit_code = self._leave_stopped(self._stopped_at)
+            return {"status": "PRUNED" if self._prune_requested else "PREEMPTED", "step": self._stopped_at}
         model_state = model.state_dict() if isinstance(model, torch.nn.Module) else model
         self._close_checkpointer()
         if self.cadence.auto and self.cadence.choice is None and final_step > FIRST_AUTO_STEPS:
@@ -448,7 +508,7 @@ class TrainingSession:
 
         self.pruning = TrialPruning(TrialContext.from_env())
 
-    def _exit_pruned(self, step: int) -> None:
+    def _leave_pruned(self, step: int) -> int:
         """A pruned trial ends cleanly (exit 0) after its checkpoint, with status PRUNED in its result."""
         from training_platform.sweeps.trial import PRUNED_MARKER
 
@@ -470,7 +530,7 @@ class TrainingSession:
             self.telemetry.finish("PRUNED")
         self.reporter.close()
         distributed.shutdown()
-        sys.exit(0)
+        return 0
 
 
 def _metadata(result: dict) -> dict:

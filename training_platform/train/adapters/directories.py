@@ -57,7 +57,7 @@ def restore_directory(session: TrainingSession, parent: Path, name: str = "check
 
 
 def _newest_verified(session: TrainingSession, parent: Path, name: str) -> int | None:
-    for manifest in reversed(session.store.list(session.checkpoint_key)):
+    for manifest in session.restore_candidates():
         if manifest.kind != "files":
             continue
         try:

@@ -4,7 +4,7 @@
     callback = PlatformCallback(session)
     trainer = Trainer(..., callbacks=[callback])
     trainer.train(resume_from_checkpoint=callback.resume_from(args.output_dir))
-    session.finish(trainer.model.state_dict(), trainer.state.global_step, metrics)
+    session.finish(trainer.model, trainer.state.global_step, metrics)
 """
 
 from __future__ import annotations

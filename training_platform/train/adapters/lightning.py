@@ -4,7 +4,7 @@
     callback = PlatformCallback(session, checkpoint_dir)
     trainer = L.Trainer(max_steps=..., callbacks=[callback], enable_checkpointing=False)
     trainer.fit(module, loader, ckpt_path=callback.resume_from())
-    session.finish(module.state_dict(), trainer.global_step, metrics)
+    session.finish(module, trainer.global_step, metrics)
 
 Lightning restarts a dataloader from its first batch on resume: give it a sampler addressed by
 global step (see examples/lightning/train.py) and the continuation is exact.
