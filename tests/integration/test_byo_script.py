@@ -34,6 +34,18 @@ for step in range(1, 31):
         raise ValueError("labels out of range: 11")
 """
 
+FORGETS_FINISH = """
+import torch
+from training_platform.train.session import TrainingSession
+
+with TrainingSession.start() as session:
+    weights = torch.zeros(4)
+    for step in range(1, 11):
+        weights += 1
+        if session.after_step(step, lambda: {"model": {"w": weights}}, {"w": weights.sum()}):
+            break
+"""
+
 
 @pytest.fixture(scope="module")
 def user_dir(tmp_path_factory) -> Path:
@@ -47,6 +59,9 @@ def user_dir(tmp_path_factory) -> Path:
     (root / "fails.py").write_text(FAILING_SCRIPT)
     spec["entrypoint"] = {"script": "fails.py"}
     (root / "fails.yaml").write_text(yaml.safe_dump(spec))
+    (root / "forgets.py").write_text(FORGETS_FINISH)
+    spec["entrypoint"] = {"script": "forgets.py"}
+    (root / "forgets.yaml").write_text(yaml.safe_dump(spec))
     return root
 
 
@@ -90,6 +105,15 @@ def test_a_failing_script_reports_its_exception_and_keeps_its_checkpoint(user_di
     log = (home / "runs" / "byo-fails" / LOG_FILE).read_text()
     assert 'fails.py", line' in log and "Traceback" in log
     assert [m.step for m in open_store(home / "checkpoints").list("byo-fails")] == [20]
+
+
+def test_a_script_that_never_calls_finish_fails_with_the_fix(user_dir, home):
+    spec = _spec(user_dir, home, "forgets.yaml")
+    launcher = LocalLauncher(visible_gpus=0)
+    status = wait(launcher, launch(home, "byo-forgets", spec, launcher))
+    assert status.state == JobState.FAILED
+    assert status.reason.startswith("RuntimeError: the script left `with TrainingSession.start()` without "
+                                    "session.finish(model, step, metrics)"), status.reason
 
 
 def test_user_script_through_tp_train_reaches_mlflow_and_dagster(user_dir, platform):

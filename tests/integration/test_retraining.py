@@ -272,7 +272,8 @@ def test_backfill_of_three_days_builds_three_models_with_distinct_lineage(tmp_pa
         snapshots = json.loads(listed.stdout.strip().splitlines()[-1])["snapshots"]
         failed = platform.tp("snapshots", "show", snapshots[0]["snapshot_id"][:12])
         passed = platform.tp("snapshots", "show", snapshots[1]["snapshot_id"], "--json")
-        registry = MlflowClient(tracking_uri=PlatformHome(platform.home).mlflow_tracking_uri)
+        # The server's registry (its environment has no MLFLOW_TRACKING_URI: the home's), not this process's.
+        registry = MlflowClient(tracking_uri=f"sqlite:///{platform.home / 'mlflow.db'}")
         gates = [registry.get_model_version("tiny-daily", str(n)).tags["gate"] for n in (1, 2, 3)]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     days = report["days"]
