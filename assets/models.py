@@ -41,7 +41,7 @@ def evaluated_model(training_run: dict, checkpoints: dict, platform: PlatformRes
         measured = {"model_uri": script.model_uri}
     else:
         evaluation, _ = evaluate_checkpoint(spec, platform.paths().snapshots, checkpoints["store_uri"], manifest)
-        metrics = {"accuracy": evaluation.test_accuracy, "loss": evaluation.test_loss}
+        metrics = evaluation.metrics
         weights, test_rows = evaluation.weights_sha256, evaluation.test_rows
         measured = {}
     if weights != training_run["final_weights_sha256"]:

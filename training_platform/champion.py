@@ -57,8 +57,7 @@ def remeasure(home: PlatformHome, tags: Mapping[str, str], snapshot_id: str) -> 
         except RuntimeError as exc:  # load_state_dict: the new snapshot has other features or classes
             first = str(exc).strip().splitlines()[-1].strip()
             raise ChampionNotMeasured(f"its model does not take snapshot {snapshot_id[:12]}'s data ({first})") from None
-        weights = evaluation.weights_sha256
-        metrics = {"accuracy": evaluation.test_accuracy, "loss": evaluation.test_loss}
+        weights, metrics = evaluation.weights_sha256, evaluation.metrics
     if tags.get("weights_sha256") and weights != tags["weights_sha256"]:
         raise ChampionNotMeasured(f"checkpoint {manifest.uri} does not hold the registered weights")
     return metrics

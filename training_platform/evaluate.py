@@ -12,7 +12,6 @@ from torch import nn
 from training_platform.checkpoints import CheckpointManifest, open_store
 from training_platform.datasets import load_manifest, read_split
 from training_platform.datasets.reader import read_split_table
-from training_platform.errors import CheckpointError
 from training_platform.spec import TrainSpec
 from training_platform.train.loop import evaluate
 from training_platform.train.strategies.consolidate import full_model_state
@@ -29,16 +28,15 @@ class Evaluation:
     checkpoint_step: int
     weights_sha256: str
 
+    @property
+    def metrics(self) -> dict[str, float]:
+        """By the names the spec's `evaluation.metrics` uses (spec.TEMPLATE_METRICS)."""
+        return {"accuracy": self.test_accuracy, "loss": self.test_loss}
+
 
 def find_checkpoint(store_uri: str | Path, run_id: str, step: int, manifest_sha256: str) -> CheckpointManifest:
     """The exact checkpoint recorded in the run's lineage, never 'the latest file on disk'."""
-    for manifest in open_store(store_uri).list(run_id):
-        if manifest.step == step and manifest.manifest_sha256 == manifest_sha256:
-            return manifest
-    raise CheckpointError(
-        f"checkpoint step {step} (sha256 {manifest_sha256[:12]}) of run {run_id} is not in {store_uri}; "
-        "it may have been deleted by retention: re-run the training_run partition"
-    )
+    return open_store(store_uri).find(run_id, step, manifest_sha256)
 
 
 def load_model(

@@ -38,7 +38,6 @@ class ScriptEvaluation:
     step: int
     weights_sha256: str
     model_uri: str | None
-    snapshot_id: str
 
 
 def evaluate_script(
@@ -96,12 +95,12 @@ def evaluate_script(
             f"run {run_id}: the script's evaluation of checkpoint step {manifest.step} exited {code} without a "
             f"result (log: {log_path}):\n{tail}"
         )
-    evaluation = _read(result_path, snapshot_id)
+    evaluation = _read(result_path)
     _check_reported(spec, evaluation.metrics)
     return evaluation
 
 
-def _read(path: Path, snapshot_id: str) -> ScriptEvaluation:
+def _read(path: Path) -> ScriptEvaluation:
     data = json.loads(path.read_text())
     return ScriptEvaluation(
         metrics={str(k): float(v) for k, v in data["metrics"].items()},
@@ -109,7 +108,6 @@ def _read(path: Path, snapshot_id: str) -> ScriptEvaluation:
         step=int(data["step"]),
         weights_sha256=str(data["weights_sha256"]),
         model_uri=data.get("model_uri"),
-        snapshot_id=snapshot_id,
     )
 
 

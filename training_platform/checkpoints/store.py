@@ -163,6 +163,16 @@ class CheckpointStore:
         """
         return self.scan(run_id).manifests
 
+    def find(self, run_id: str, step: int, manifest_sha256: str) -> CheckpointManifest:
+        """The exact checkpoint a lineage records (step and manifest hash), never 'the newest one on disk'."""
+        for manifest in self.list(run_id):
+            if manifest.step == step and manifest.manifest_sha256 == manifest_sha256:
+                return manifest
+        raise CheckpointError(
+            f"checkpoint step {step} (sha256 {manifest_sha256[:12]}) of run {run_id} is not in {self.uri}; "
+            "it may have been deleted by retention: re-run the training_run partition"
+        )
+
     def scan(self, run_id: str) -> RunCheckpoints:
         """The run's manifests that parse, and why the others do not (see `list`)."""
         found: dict[int, CheckpointManifest] = {}

@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from training_platform.errors import CheckpointError
-
 if TYPE_CHECKING:
     from training_platform.checkpoints import CheckpointManifest, CheckpointStore
     from training_platform.train.split_data import SplitBatches
@@ -51,14 +49,8 @@ class EvaluationRequest(BaseModel):
 
 
 def exact_checkpoint(store: CheckpointStore, request: EvaluationRequest) -> CheckpointManifest:
-    """The checkpoint the request names, never 'the newest one on disk'."""
-    for manifest in store.list(request.checkpoint_key):
-        if manifest.step == request.step and manifest.manifest_sha256 == request.manifest_sha256:
-            return manifest
-    raise CheckpointError(
-        f"checkpoint step {request.step} (sha256 {request.manifest_sha256[:12]}) of {request.checkpoint_key} is not "
-        f"in {store.uri}; it may have been deleted by retention: re-run the training_run partition"
-    )
+    """The checkpoint the request names."""
+    return store.find(request.checkpoint_key, request.step, request.manifest_sha256)
 
 
 def evaluate_model(
