@@ -287,11 +287,11 @@ def main() -> None:
         {"bare": bare_worker, "memory": memory_worker}[args.worker[0]](*args.worker[1:])
         return
 
-    from training_platform.datasets.text import build_text_snapshot
+    from training_platform.datasets import build_snapshot
 
     home = Path(tempfile.mkdtemp(prefix="tp-bench-training-"))
     env = {**os.environ, "TP_HOME": str(home), "DAGSTER_HOME": str(home / "dagster"), "PYTHONPATH": str(ROOT)}
-    snapshot_id = build_text_snapshot(home / "snapshots").snapshot_id
+    snapshot_id = build_snapshot("python_stdlib_text", home / "snapshots").snapshot_id
 
     bare, tp, bare_start, tp_start, statuses = [], [], [], [], []
     for index in range(args.repeats):  # alternate the sides

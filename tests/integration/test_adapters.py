@@ -1,5 +1,6 @@
 """The Hugging Face and Lightning adapters: metrics, checkpoints in the store, exact resume after SIGTERM."""
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -24,21 +25,31 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 @pytest.fixture(scope="module")
 def home(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("home")
-    build_snapshot("sklearn_digits", root / "snapshots")
+    for source in ("sklearn_digits", "python_stdlib_text"):
+        build_snapshot(source, root / "snapshots")
     return root
+
+
+def example(home: Path, framework: str, **training):
+    """The example's spec on its snapshot in HOME, checkpoints in HOME, TRAINING's fields changed."""
+    spec = load_spec(EXAMPLES / framework / "spec.yaml")
+    spec = spec.with_snapshot(build_snapshot(spec.dataset.source, home / "snapshots").snapshot_id)
+    spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"store_uri": str(home / "ck")})})
+    return spec.model_copy(update={"training": spec.training.model_copy(update=training)})
 
 
 @pytest.mark.parametrize("framework", ["hf_trainer", "lightning"])
 def test_adapter_reports_checkpoints_and_resumes_exactly(home, framework):
-    snapshot = next((home / "snapshots").glob("*.json")).stem
-    spec = load_spec(EXAMPLES / framework / "spec.yaml").with_snapshot(snapshot)
-    spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"store_uri": str(home / "ck")})})
+    spec = example(home, framework)
     straight = train(home, f"{framework}-straight", spec)
     assert straight["world_size"] == 2 and straight["final_step"] == 120
     store = open_store(home / "ck")
     assert [m.step for m in store.list(f"{framework}-straight")] == [40, 80, 120]
     progress = [e for e in RunEvents(home / "runs" / f"{framework}-straight").read() if e["kind"] == "progress"]
     assert len(progress) >= 10  # the framework's logs reached the session
+    # Its steps are counted though the framework fetches the batches: progress and pace are live.
+    telemetry = json.loads((home / "runs" / f"{framework}-straight" / "telemetry.json").read_text())
+    assert telemetry["step"] == 120 and telemetry["steps_per_second"] > 0
 
     run_id = f"{framework}-preempted"
     launcher = LocalLauncher(visible_gpus=0)
@@ -55,16 +66,38 @@ def test_adapter_reports_checkpoints_and_resumes_exactly(home, framework):
 
 
 def test_a_lightning_run_is_evaluated_by_its_script_on_its_final_checkpoint(home):
-    snapshot = next((home / "snapshots").glob("*.json")).stem
-    spec = load_spec(EXAMPLES / "lightning" / "spec.yaml").with_snapshot(snapshot)
-    spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"store_uri": str(home / "ck")})})
-    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"max_steps": 40})})
+    spec = example(home, "lightning", max_steps=40)
     trained = train(home, "lightning-evaluated", spec)
     final = open_store(home / "ck").list("lightning-evaluated")[-1]
     measured = evaluate_script(PlatformHome(home), spec, "lightning-evaluated", final, str(home / "ck"))
     # The module Lightning restored from the final checkpoint, measured on the test split: no step trained.
     assert measured.step == 40 and measured.weights_sha256 == trained["final_weights_sha256"]
     assert set(measured.metrics) == {"accuracy", "loss"} and measured.metrics["accuracy"] > 0.3
+
+
+def test_a_hf_run_is_evaluated_by_its_script_and_logged_with_the_transformers_flavour(home, tmp_path, monkeypatch):
+    import mlflow
+
+    spec = example(home, "hf_trainer", max_steps=40)
+    trained = train(home, "hf-evaluated", spec)
+    final = open_store(home / "ck").list("hf-evaluated")[-1]
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking)  # this test's registry, gone after it
+    client = mlflow.MlflowClient(tracking)
+    run = client.create_run(client.create_experiment("hf", artifact_location=str(tmp_path / "artifacts"))).info.run_id
+    measured = evaluate_script(
+        PlatformHome(home), spec, "hf-evaluated", final, str(home / "ck"), tracking_uri=tracking, log_model_to=run
+    )
+    # The weights of the final checkpoint, loaded without a step trained, measured by train.py's evaluate.
+    assert measured.step == 40 and measured.weights_sha256 == trained["final_weights_sha256"]
+    assert set(measured.metrics) == {"loss", "perplexity", "accuracy"}
+    assert measured.metrics["perplexity"] < 97 / 2  # better than guessing among the 97 characters, by far
+
+    # The registered model generates text through the snapshot's tokenizer, with no hub and no pickle.
+    assert mlflow.models.get_model_info(measured.model_uri).flavors.keys() >= {"transformers", "python_function"}
+    generator = mlflow.transformers.load_model(measured.model_uri)
+    text = generator("def ", max_new_tokens=8, do_sample=False)[0]["generated_text"]
+    assert text.startswith("def ") and len(text) == 12
 
 
 def test_the_hf_callback_refuses_an_interval_the_trainer_cannot_follow():

@@ -9,7 +9,7 @@ import pytest
 from training_platform.checkpoints.s3 import S3Storage
 from training_platform.datasets import build_snapshot, list_snapshots, load_manifest, read_split
 from training_platform.datasets.cache import ShardCache
-from training_platform.datasets.text import build_text_snapshot, load_tokenizer
+from training_platform.datasets.text import load_tokenizer
 from training_platform.errors import SnapshotError
 from training_platform.launch.job_env import job_environment
 from training_platform.paths import PlatformHome
@@ -78,7 +78,7 @@ def test_an_unknown_snapshot_store_or_bucket_names_the_fix(bucket_root):
 
 
 def test_a_text_snapshot_keeps_its_tokenizer_in_the_bucket(bucket_root):
-    manifest = build_text_snapshot(bucket_root)
+    manifest = build_snapshot("python_stdlib_text", bucket_root)
     assert load_tokenizer(bucket_root, manifest).vocab_size == manifest.num_classes
 
 
@@ -92,8 +92,9 @@ def test_the_home_and_every_job_find_the_bucket_through_one_setting(bucket_root,
     assert PlatformHome.from_env().snapshots == tmp_path / "shared"
 
 
-def test_a_teams_own_files_in_a_bucket_become_a_snapshot_found_again_without_a_read(s3_server, s3_bucket, tmp_path,
-                                                                                     monkeypatch):
+def test_a_teams_own_files_in_a_bucket_become_a_snapshot_found_again_without_a_read(
+    s3_server, s3_bucket, tmp_path, monkeypatch
+):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -121,6 +122,9 @@ def test_a_teams_own_files_in_a_bucket_become_a_snapshot_found_again_without_a_r
 
     # A bucket the platform cannot list (here: none of that name): one line naming the source and what to check.
     missing = FileSource(uri=f"s3://{s3_bucket}-gone/landing/*.parquet", columns=FileColumns(label="y"))
-    with pytest.raises(SnapshotError, match=rf"dataset.source s3://{s3_bucket}-gone/landing/\*.parquet cannot be "
-                                            r"listed .*check the bucket and prefix, and that the platform's S3"):
+    with pytest.raises(
+        SnapshotError,
+        match=rf"dataset.source s3://{s3_bucket}-gone/landing/\*.parquet cannot be "
+        r"listed .*check the bucket and prefix, and that the platform's S3",
+    ):
         build_file_snapshot(missing, tmp_path / "snap")

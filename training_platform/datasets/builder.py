@@ -17,6 +17,7 @@ from training_platform.datasets.file_spec import SPLIT_SEED
 from training_platform.datasets.manifest import LABEL, ROW_ID, SPLITS, ShardRef, SnapshotManifest
 from training_platform.datasets.sources import RawSource, load_source
 from training_platform.datasets.store import SnapshotRoot, write_manifest, write_shard
+from training_platform.datasets.text import write_tokenizer
 from training_platform.errors import SnapshotError
 
 _T = TypeVar("_T")
@@ -27,9 +28,13 @@ ROW_GROUP_ROWS = 256
 
 
 def build_snapshot(source: str, root: SnapshotRoot, *, seed: int = SPLIT_SEED) -> SnapshotManifest:
-    """Build (or find) the snapshot of a registered source under root; same source, same id."""
+    """Build (or find) the snapshot of a registered source under root; same source, same id. A text
+    source's tokenizer is stored beside it (again when found: a snapshot is useless without it)."""
     raw = load_source(source)
-    return write_snapshot(root, raw, assign_splits(raw.labels, seed=seed), seed=seed)
+    manifest = write_snapshot(root, raw, assign_splits(raw.labels, seed=seed), seed=seed)
+    if raw.tokenizer is not None:
+        write_tokenizer(root, manifest.source_sha256, raw.tokenizer)
+    return manifest
 
 
 def assign_splits(labels: np.ndarray, *, seed: int = SPLIT_SEED) -> dict[str, np.ndarray]:
@@ -98,10 +103,9 @@ def write_tables(
     """The low-level writer: shard each split's table, write the shards, then the manifest, last."""
     schemas = {table.schema for table in tables.values()}
     if len(schemas) != 1:
-        raise SnapshotError(
-            f"splits of source {source!r} disagree on their schema; every split needs the same columns"
-        )
+        raise SnapshotError(f"splits of source {source!r} disagree on their schema; every split needs the same columns")
     schema = schemas.pop()
+
     def write(part: pa.Table) -> ShardRef:
         return write_shard(root, encode_parquet(part, row_group_rows, dictionary), rows=part.num_rows)
 

@@ -11,8 +11,11 @@ from training_platform.datasets.store import SnapshotRoot, load_manifest, read_s
 from training_platform.errors import SnapshotError
 
 
-def read_split(root: SnapshotRoot, snapshot_id: str, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """Features (float32, scaled to [0, 1]) and labels (int64) of one split, in row_id order."""
+def read_split(
+    root: SnapshotRoot, snapshot_id: str, split: str, *, scaled: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """Features (float32, scaled to [0, 1]; unscaled: int64 as stored, e.g. token ids) and labels (int64) of
+    one split, in row_id order."""
     manifest = load_manifest(root, snapshot_id)
     table = read_split_table(root, manifest, split)
     for name in table.column_names:
@@ -23,9 +26,10 @@ def read_split(root: SnapshotRoot, snapshot_id: str, split: str) -> tuple[np.nda
                 f"run validate_snapshot for the full report and rebuild the snapshot"
             )
     features = np.stack([table.column(name).to_numpy() for name in manifest.feature_columns], axis=1)
-    features = scale_features(features.astype(np.float32), manifest)
     labels = table.column(LABEL).to_numpy().astype(np.int64, copy=False)
-    return features, labels
+    if not scaled:
+        return features.astype(np.int64), labels
+    return scale_features(features.astype(np.float32), manifest), labels
 
 
 def scale_features(features: np.ndarray, manifest: SnapshotManifest) -> np.ndarray:
@@ -40,8 +44,7 @@ def read_split_table(root: SnapshotRoot, manifest: SnapshotManifest, split: str)
     """One split as an Arrow table with the manifest's columns, shards verified and concatenated."""
     if split not in manifest.splits:
         raise SnapshotError(
-            f"snapshot {manifest.snapshot_id} has no split {split!r}; valid splits: "
-            f"{', '.join(manifest.split_names)}"
+            f"snapshot {manifest.snapshot_id} has no split {split!r}; valid splits: {', '.join(manifest.split_names)}"
         )
     tables = []
     for ref in manifest.splits[split]:

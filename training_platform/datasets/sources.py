@@ -5,10 +5,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from training_platform.errors import SnapshotError
+
+if TYPE_CHECKING:
+    from training_platform.datasets.text import CharTokenizer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +33,8 @@ class RawSource:
     """Largest valid feature value; the reader divides by it to scale to [0, 1]."""
     feature_prefix: str = "feature"
     """Feature columns are named ``<prefix>_<index>``."""
+    tokenizer: CharTokenizer | None = None
+    """A text source's tokenizer: its features are token ids, stored beside the snapshot."""
 
     @property
     def sha256(self) -> str:
@@ -64,9 +70,7 @@ def load_source(name: str) -> RawSource:
     try:
         loader = _SOURCES[name]
     except KeyError:
-        raise SnapshotError(
-            f"unknown dataset source {name!r}; known sources: {', '.join(source_names())}"
-        ) from None
+        raise SnapshotError(f"unknown dataset source {name!r}; known sources: {', '.join(source_names())}") from None
     return loader()
 
 
@@ -104,4 +108,5 @@ def python_stdlib_text() -> RawSource:
         feature_min=0,
         feature_max=tokenizer.vocab_size - 1,
         feature_prefix="tok",
+        tokenizer=tokenizer,
     )

@@ -105,8 +105,8 @@ def load_tokenizer(snapshot_root: SnapshotRoot, manifest) -> CharTokenizer:
     data = get_object(snapshot_root, key)
     if data is None:
         raise SnapshotError(
-            f"snapshot {manifest.snapshot_id} has no tokenizer at {where}; build text snapshots with "
-            "training_platform.datasets.text.build_text_snapshot"
+            f"snapshot {manifest.snapshot_id} has no tokenizer at {where}; build it again "
+            f"(build_snapshot({manifest.source!r}, root), or `tp train` with the spec), which stores it"
         )
     tokenizer = CharTokenizer.from_json(data.decode())
     if tokenizer.vocab_size != manifest.num_classes:
@@ -114,14 +114,6 @@ def load_tokenizer(snapshot_root: SnapshotRoot, manifest) -> CharTokenizer:
     return tokenizer
 
 
-def corpus_tokenizer() -> CharTokenizer:
-    return CharTokenizer.learn(stdlib_corpus())
-
-
-def build_text_snapshot(snapshot_root: SnapshotRoot):
-    """Build the stdlib text snapshot and store its tokenizer beside it; returns the manifest."""
-    from training_platform.datasets.builder import build_snapshot
-
-    manifest = build_snapshot(SOURCE, snapshot_root)
-    write_tokenizer(snapshot_root, manifest.source_sha256, corpus_tokenizer())
-    return manifest
+def holds_tokens(manifest) -> bool:
+    """Whether a snapshot's features are token ids (read as they are, never scaled)."""
+    return manifest.source == SOURCE

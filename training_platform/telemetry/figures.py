@@ -42,6 +42,16 @@ class RunClock:
     @contextlib.contextmanager
     def data_wait(self) -> Iterator[None]:
         """Wrap the batch fetch: the time inside counts as data wait, and each entry starts a step."""
+        begin = self.step_started()
+        if self.slow_data_s > 0:
+            time.sleep(self.slow_data_s)
+        try:
+            yield
+        finally:
+            self.data_wait_s += time.monotonic() - begin
+
+    def step_started(self) -> float:
+        """Count a step (a framework's loop, whose batch fetch the platform cannot wrap, calls only this)."""
         begin = time.monotonic()
         if self._last_step_at is not None:
             self.step_times.append(begin - self._last_step_at)
@@ -49,12 +59,7 @@ class RunClock:
             self.first_step_at = begin
         self._last_step_at = begin
         self.steps += 1
-        if self.slow_data_s > 0:
-            time.sleep(self.slow_data_s)
-        try:
-            yield
-        finally:
-            self.data_wait_s += time.monotonic() - begin
+        return begin
 
     @contextlib.contextmanager
     def checkpoint(self) -> Iterator[None]:

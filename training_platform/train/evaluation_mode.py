@@ -5,8 +5,9 @@ request. `session.restore()` then returns that exact checkpoint (the run's final
 script that resumes correctly trains no further step; `session.finish(model, ...)` hands over the model,
 which is measured on the test split of the snapshot the request names (by the function the script gave
 `session.evaluate_with`, else as a classifier: accuracy and loss of its logits) and, for the candidate,
-logged to the run's MLflow run with the pytorch flavour. The script's own code runs only here, never in
-the Dagster process.
+logged to the run's MLflow run: with the pytorch flavour, or the flavour a framework adapter sets
+(`session.model_logger`: the HF adapter's is transformers). The script's own code runs only here, never
+in the Dagster process.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ EVALUATION_ENV = "TP_EVALUATION"
 RESULT_FILE = "evaluation.json"
 
 Evaluator = Callable[[nn.Module, "SplitBatches"], Mapping[str, float]]
+ModelLogger = Callable[[nn.Module, "SplitBatches"], str]
+"""Logs the model into the active MLflow run under the name "model"; returns its model URI."""
 
 
 class EvaluationRequest(BaseModel):
@@ -54,7 +57,13 @@ def exact_checkpoint(store: CheckpointStore, request: EvaluationRequest) -> Chec
 
 
 def evaluate_model(
-    model: Any, test: SplitBatches, evaluator: Evaluator | None, request: EvaluationRequest, run_dir: Path, step: int
+    model: Any,
+    test: SplitBatches,
+    evaluator: Evaluator | None,
+    request: EvaluationRequest,
+    run_dir: Path,
+    step: int,
+    logger: ModelLogger | None = None,
 ) -> dict:
     """Measure MODEL on the test split, log it when asked, and write the result the platform reads back."""
     from training_platform.train.weights import weights_sha256
@@ -77,7 +86,7 @@ def evaluate_model(
         "test_rows": len(test),
         "step": step,
         "weights_sha256": weights_sha256(model.state_dict()),
-        "model_uri": _log_model(model, test, request) if request.log_model_to else None,
+        "model_uri": _log_model(model, test, request, logger or log_pytorch_model) if request.log_model_to else None,
     }
     (run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))
     return result
@@ -102,16 +111,21 @@ def _metrics(reported: Mapping[str, Any]) -> dict[str, float]:
     return metrics
 
 
-def _log_model(model: nn.Module, test: SplitBatches, request: EvaluationRequest) -> str:
-    """The measured model in the candidate's MLflow run (pytorch flavour); registered_model registers it."""
+def _log_model(model: nn.Module, test: SplitBatches, request: EvaluationRequest, logger: ModelLogger) -> str:
+    """The measured model in the candidate's MLflow run; registered_model registers it."""
     import mlflow
+
+    mlflow.set_tracking_uri(request.tracking_uri)
+    with mlflow.start_run(run_id=request.log_model_to):
+        return logger(model, test)
+
+
+def log_pytorch_model(model: nn.Module, test: SplitBatches) -> str:
     import mlflow.pytorch
 
     from training_platform.tracking import model_requirements
 
-    mlflow.set_tracking_uri(request.tracking_uri)
-    with mlflow.start_run(run_id=request.log_model_to):
-        info = mlflow.pytorch.log_model(
-            model, name="model", input_example=test.features[:1].numpy(), pip_requirements=model_requirements()
-        )
+    info = mlflow.pytorch.log_model(
+        model, name="model", input_example=test.features[:1].numpy(), pip_requirements=model_requirements()
+    )
     return info.model_uri

@@ -45,7 +45,13 @@ from training_platform.spec import TrainSpec, parse_spec
 from training_platform.telemetry.worker import WorkerTelemetry
 from training_platform.train import distributed, spot_notice
 from training_platform.train.checkpointing import RunCheckpointer, retention_policy
-from training_platform.train.evaluation_mode import EvaluationRequest, Evaluator, evaluate_model, exact_checkpoint
+from training_platform.train.evaluation_mode import (
+    EvaluationRequest,
+    Evaluator,
+    ModelLogger,
+    evaluate_model,
+    exact_checkpoint,
+)
 from training_platform.train.reporting import Reporter
 from training_platform.train.stopping import StopAgreement
 from training_platform.train.weights import weights_sha256
@@ -78,6 +84,8 @@ class TrainingSession:
     _started: float = field(default_factory=time.monotonic)
     evaluation: EvaluationRequest | None = None  # set when the script was started to evaluate a checkpoint
     _evaluator: Evaluator | None = None
+    model_logger: ModelLogger | None = None
+    """How an evaluation logs the model to MLflow, set by a framework adapter (default: the pytorch flavour)."""
     _stopped_at: int | None = None  # the step after_step stopped the run at
     _ended: bool = False
     exit_code: int = 0
@@ -455,7 +463,8 @@ class TrainingSession:
 
     def _finish_evaluation(self, model: torch.nn.Module | dict[str, torch.Tensor], final_step: int) -> dict:
         assert self.evaluation is not None
-        result = evaluate_model(model, self.dataset("test"), self._evaluator, self.evaluation, self.run_dir, final_step)
+        test, request = self.dataset("test"), self.evaluation
+        result = evaluate_model(model, test, self._evaluator, request, self.run_dir, final_step, self.model_logger)
         measured = ", ".join(f"{name} {value:.4f}" for name, value in result["metrics"].items())
         self.reporter.info(f"evaluated the checkpoint of step {final_step}: {measured}")
         self.telemetry.finish("EVALUATED")

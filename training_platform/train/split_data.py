@@ -15,6 +15,7 @@ import torch
 
 from training_platform.datasets import load_manifest, read_split
 from training_platform.datasets.store import SnapshotRoot
+from training_platform.datasets.text import holds_tokens
 from training_platform.train.sampler import StepSampler
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -31,7 +32,8 @@ class Sampling(NamedTuple):
 
 class SplitBatches:
     """`batches[step]`: (features, labels) this rank trains on at 0-based `step`; `features`/`labels`: the whole
-    split (for an evaluation). Features are float32 in [0, 1] (each by its range), labels int64 class ids."""
+    split (for an evaluation). Features are float32 in [0, 1] (each by its range), labels int64 class ids; a text
+    snapshot's features are its int64 token ids (a window of text per row), its label the token that follows."""
 
     def __init__(
         self, features: torch.Tensor, labels: torch.Tensor, sampling: Sampling, label_names: list[str], split: str
@@ -54,7 +56,8 @@ class SplitBatches:
         cls, root: SnapshotRoot, snapshot_id: str, split: str, *, batch_size: int, rank: int, world_size: int, seed: int
     ) -> SplitBatches:
         manifest = load_manifest(root, snapshot_id)
-        features, labels = (torch.from_numpy(array) for array in read_split(root, snapshot_id, split))
+        arrays = read_split(root, snapshot_id, split, scaled=not holds_tokens(manifest))
+        features, labels = (torch.from_numpy(array) for array in arrays)
         names = manifest.label_names or [str(index) for index in range(manifest.num_classes)]
         return cls(features, labels, Sampling(batch_size, rank, world_size, seed), names, split)
 

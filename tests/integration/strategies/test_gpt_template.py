@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.strategies.runs import make_spec, train
-from training_platform.datasets import load_manifest
-from training_platform.datasets.text import build_text_snapshot
+from training_platform.datasets import build_snapshot, load_manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 GPT = {"template": "gpt", "size": "tiny", "seq_len": 32}
@@ -23,7 +22,7 @@ def home(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def snapshot_id(home) -> str:
-    return build_text_snapshot(home / "snapshots").snapshot_id
+    return build_snapshot("python_stdlib_text", home / "snapshots").snapshot_id
 
 
 def test_loss_falls_within_a_few_hundred_steps(home, snapshot_id):

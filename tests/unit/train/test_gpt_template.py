@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from training_platform.datasets.text import CharTokenizer, build_text_snapshot, load_tokenizer, token_windows
+from training_platform.datasets import build_snapshot
+from training_platform.datasets.text import CharTokenizer, load_tokenizer, token_windows
 from training_platform.errors import SnapshotError
 from training_platform.spec import parse_spec
 from training_platform.train.templates import get_template
@@ -35,7 +36,7 @@ def test_windows_and_their_next_token():
 
 
 def test_text_snapshot_carries_its_tokenizer(tmp_path):
-    manifest = build_text_snapshot(tmp_path)
+    manifest = build_snapshot("python_stdlib_text", tmp_path)
     tokenizer = load_tokenizer(tmp_path, manifest)
     assert manifest.source == "python_stdlib_text" and tokenizer.vocab_size == manifest.num_classes
     assert manifest.num_features == 129 and manifest.rows["train"] > 4000
@@ -73,7 +74,7 @@ def test_sizes_and_errors():
 
 
 def test_evaluate_split_reports_next_token_accuracy(tmp_path):
-    manifest = build_text_snapshot(tmp_path)
+    manifest = build_snapshot("python_stdlib_text", tmp_path)
     spec = _spec(seq_len=16)
     torch.manual_seed(0)
     model = gpt.build_model(spec, manifest.num_features, manifest.num_classes)

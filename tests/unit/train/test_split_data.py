@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 import torch
 
+from training_platform.datasets import build_snapshot
 from training_platform.datasets.file_spec import FileColumns
 from training_platform.datasets.files import FileSource, build_file_snapshot
+from training_platform.datasets.text import load_tokenizer
+from training_platform.train.adapters.hf import pipeline_task, snapshot_tokenizer
 from training_platform.train.split_data import SplitBatches
 
 WINE = Path(__file__).resolve().parents[3] / "examples" / "own_data" / "data"
@@ -38,3 +43,31 @@ def test_each_rank_reads_its_own_rows_and_a_reload_reads_the_same(tmp_path):
     # Each epoch reshuffles: the first batch of epoch 1 is not that of epoch 0.
     per_epoch = data.sampler.steps_per_epoch
     assert data.epoch(per_epoch) == 1 and rows(data, 0) != rows(data, per_epoch)
+
+
+
+def test_a_text_snapshot_gives_its_token_ids_and_the_tokenizer_that_made_them(tmp_path):
+    manifest = build_snapshot("python_stdlib_text", tmp_path)
+    test = SplitBatches.load(tmp_path, manifest.snapshot_id, "test", batch_size=8, rank=0, world_size=1, seed=3)
+    # Ids as stored, not scaled to [0, 1]: a model embeds them.
+    assert test.features.dtype == torch.int64 and test.features.shape[1] == manifest.num_features
+    assert 1 < int(test.features.max()) < manifest.num_classes
+
+    snapshot = SimpleNamespace(snapshot_id=manifest.snapshot_id)
+    tokenizer = snapshot_tokenizer(SimpleNamespace(snapshot_root=tmp_path, spec=SimpleNamespace(dataset=snapshot)))
+    chars = load_tokenizer(tmp_path, manifest)
+    row = test.features[0]
+    # The transformers tokenizer gives exactly the snapshot's ids: newlines and unknown characters too.
+    assert tokenizer(chars.decode(row))["input_ids"] == row.tolist()
+    assert tokenizer("x\n\n\u20ac")["input_ids"] == chars.encode("x\n\n\u20ac").tolist()
+    assert tokenizer.decode(tokenizer("def f():\n")["input_ids"]) == "def f():\n"
+
+
+def test_the_hf_adapter_names_the_pipeline_a_model_serves():
+    from transformers import BertConfig, BertForSequenceClassification, BertModel, GPT2Config, GPT2LMHeadModel
+
+    tiny = {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 8}
+    assert pipeline_task(GPT2LMHeadModel(GPT2Config(n_embd=8, n_layer=1, n_head=2))) == "text-generation"
+    assert pipeline_task(BertForSequenceClassification(BertConfig(**tiny))) == "text-classification"
+    with pytest.raises(TypeError, match="BertModel serves none of the text pipelines"):
+        pipeline_task(BertModel(BertConfig(**tiny)))

@@ -40,6 +40,10 @@ class PlatformCallback(L.Callback):
         # notice becomes "checkpoint at a step boundary (ranks agree within ~0.2 s), then exit for requeue".
         self.session.take_signals()
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        # Lightning fetches its batches itself: steps and their pace are counted, data wait is not measured.
+        self.session.telemetry.clock.step_started()
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
         if step % self.session.spec.training.log_every == 0:
