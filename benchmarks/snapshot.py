@@ -9,7 +9,11 @@ temporary directory, then, in one run:
                                 snapshot is faster (target >= 0.7).
   unchanged_resnapshot_ratio    a second build of the unchanged files over the first (target <= 0.05).
 
-The loader-stall figure of issue 21 needs `session.dataset`, which does not exist yet: not measured here.
+  loader_stall_fraction         time the GPT template's training step waits for its next batch / the step's time,
+                                fed by the worker SDK's streamed dataset (`session.dataset("train", stream=True)`:
+                                shards through the node cache, prefetch workers as the platform picks them for one
+                                rank here) on the standard library's text snapshot, after WARMUP steps (target
+                                <= 0.02); the same loop on synthetic in-memory batches is the floor (detail line).
 
     python benchmarks/snapshot.py              # 1 GB: a few minutes on 2 cores
     python benchmarks/snapshot.py --gb 0.1
@@ -35,6 +39,7 @@ from training_platform.datasets.file_spec import FileColumns, FileSplit  # noqa:
 from training_platform.datasets.files import FileSource, build_file_snapshot  # noqa: E402
 
 FEATURES = 16
+WARMUP = 10  # steps before the loader stall is measured: the workers start, the first shards decode
 
 
 def write_files(folder: Path, gb: float, files: int) -> int:
@@ -64,10 +69,63 @@ def timed_build(source: FileSource, root: Path) -> tuple[float, bool]:
     return time.perf_counter() - started, built.parsed
 
 
+def loader_stall(work: Path, steps: int) -> tuple[float, float, int]:
+    """(data wait fraction streamed, the same on synthetic batches, prefetch workers)."""
+    import torch
+
+    from training_platform.datasets import build_snapshot
+    from training_platform.spec import parse_spec
+    from training_platform.train.meter import StepMeter
+    from training_platform.train.split_data import SplitStream, prefetch_workers
+    from training_platform.train.templates import gpt
+
+    root = work / "text-snapshots"
+    manifest = build_snapshot("python_stdlib_text", root)
+    spec = parse_spec(
+        {
+            "name": "bench-loader",
+            "team": "bench",
+            "owner": "bench",
+            "model": {"template": "gpt", "size": "tiny", "seq_len": 64},
+            "dataset": {"snapshot_id": manifest.snapshot_id},
+            "training": {"max_steps": steps, "batch_size": 16},
+            "resources": {"procs_per_node": 1},
+        }
+    )
+    columns = manifest.feature_columns[: spec.model.seq_len + 1]
+    workers = prefetch_workers(spec.resources.procs_per_node)
+    fractions = []
+    for streamed in (True, False):
+        torch.manual_seed(0)
+        model = gpt.build_model(spec, manifest.num_features, manifest.num_classes)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        if streamed:
+            sampling = {"batch_size": 16, "rank": 0, "world_size": 1, "seed": 0}
+            data = SplitStream.load(root, manifest.snapshot_id, "train", columns=columns, workers=workers, **sampling)
+            source = (tokens for tokens, _ in data.from_step(0, steps))
+        else:
+            source = iter(torch.randint(0, manifest.num_classes, (steps, 16, len(columns))))
+        meter = StepMeter(16, spec.model.seq_len)
+        for step in range(steps):
+            if step == WARMUP:
+                meter = StepMeter(16, spec.model.seq_len)
+            with meter.waiting_for_data():
+                tokens = next(source)
+            inputs, targets = gpt.split_batch(tokens, spec)
+            loss = gpt.loss_fn(model(inputs), targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            meter.step_done()
+        fractions.append(meter.summary()["data_wait_fraction"])
+    return fractions[0], fractions[1], workers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gb", type=float, default=1.0, help="size of the Parquet files in all")
     parser.add_argument("--files", type=int, default=8, help="how many part files")
+    parser.add_argument("--steps", type=int, default=300, help="GPT steps for the loader stall")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tp-bench-snapshot-"))
     try:
@@ -83,12 +141,16 @@ def main() -> None:
         first, parsed = timed_build(source, work / "snapshots")
         again, reparsed = timed_build(source, work / "snapshots")
         assert parsed and not reparsed
+        stall, floor, workers = loader_stall(work, args.steps)
         print(f"snapshot_throughput_ratio: {base / first:.3f}")
         print(f"unchanged_resnapshot_ratio: {again / first:.4f}")
+        print(f"loader_stall_fraction: {stall:.4f}")
         print(f"detail_files: {args.files} files, {size / 1e9:.3f} GB, {rows} rows")
         print(f"detail_pyarrow_read_write_s: {base:.2f}")
         print(f"detail_first_build_s: {first:.2f}  ({size / first / 1e6:.0f} MB/s)")
         print(f"detail_unchanged_build_s: {again:.4f}")
+        print(f"detail_loader_stall_synthetic_floor: {floor:.4f}")
+        print(f"detail_loader_prefetch_workers: {workers}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

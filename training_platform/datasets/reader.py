@@ -32,11 +32,13 @@ def read_split(
     return scale_features(features.astype(np.float32), manifest), labels
 
 
-def scale_features(features: np.ndarray, manifest: SnapshotManifest) -> np.ndarray:
-    """Features in [0, 1]: each by its own range where the manifest has them, else all by feature_max."""
+def scale_features(features: np.ndarray, manifest: SnapshotManifest, columns: list[str] | None = None) -> np.ndarray:
+    """Features in [0, 1]: each by its own range where the manifest has them, else all by feature_max.
+    COLUMNS: the features' names, where they are not all the manifest's feature columns."""
     if manifest.feature_ranges is None:
         return features / np.float32(manifest.feature_max)
-    low, high = np.array([manifest.feature_ranges[name] for name in manifest.feature_columns], dtype=np.float32).T
+    names = columns or manifest.feature_columns
+    low, high = np.array([manifest.feature_ranges[name] for name in names], dtype=np.float32).T
     return (features - low) / np.maximum(high - low, np.float32(1e-12))  # a constant column scales to 0
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -104,7 +105,8 @@ class StreamPlan:
 
 
 class StepBatches(Dataset):
-    """Item ``step`` is this rank's batch at that step: a (batch, columns) int64 array of the split.
+    """Item ``step`` is this rank's batch at that step: a (batch, columns) array of the split (int64 where every
+    column is an integer, else float64).
 
     Each reader keeps decoded shards up to `keep_bytes`, the least recently used going first (a
     rank reads a different subset of shards every epoch; re-decoding them each time was 60% of
@@ -160,7 +162,9 @@ class StepBatches(Dataset):
             return self._decoded[index]
         path = self.cache.path(self.snapshot_root, self.manifest.snapshot_id, self.refs[index])
         table = pq.read_table(path, columns=self.columns)
-        array = np.stack([table.column(name).to_numpy().astype(np.int64) for name in self.columns], axis=1)
+        # Token ids and class ids stay exact integers; a table with a real-valued column decodes as float64.
+        kind = np.int64 if all(pa.types.is_integer(table.schema.field(n).type) for n in self.columns) else np.float64
+        array = np.stack([table.column(name).to_numpy().astype(kind) for name in self.columns], axis=1)
         self._decoded[index] = array
         while len(self._decoded) > 1 and sum(a.nbytes for a in self._decoded.values()) > self.keep_bytes:
             self._decoded.popitem(last=False)
@@ -168,7 +172,7 @@ class StepBatches(Dataset):
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one decoded row (int64 per column, as _shard decodes it)."""
+        """Bytes of one decoded row (8 per column: int64 or float64, as _shard decodes it)."""
         return len(self.columns) * np.dtype(np.int64).itemsize
 
     @cached_property

@@ -1,13 +1,13 @@
 """The loop's data: batches by step (resumable), the loss, and a validation pass, per task.
 
-Classification (digits) keeps its small split in memory and indexes it with StepSampler, as
-the foundation did, so its runs stay bitwise reproducible. Language modelling streams the
-snapshot's shards (``datasets.stream``) through the node-local cache with worker processes.
+Both read the snapshot through the worker SDK's datasets (`session.dataset`, as a user's script does).
+Classification (digits) keeps its small split in memory and indexes it with StepSampler, as the
+foundation did, so its runs stay bitwise reproducible. Language modelling streams the snapshot's
+shards through the node-local cache with worker processes (`stream=True`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -16,22 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training_platform.datasets import SnapshotManifest, read_split
-from training_platform.datasets.stream import StepBatches, StreamPlan, batch_loader
-from training_platform.train.sampler import StepSampler
+from training_platform.datasets import SnapshotManifest
+from training_platform.datasets.stream import StepBatches, StreamPlan
 from training_platform.train.session import TrainingSession
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 VAL_BATCHES = 8
-MAX_PREFETCH_WORKERS = 2
-
-
-def prefetch_workers(procs_per_node: int, cores: int | None = None) -> int:
-    """DataLoader processes per rank: up to two where the node has cores to spare, none where every
-    core already runs a rank (there they take CPU from the ranks they feed: 8% slower GPT steps
-    with 2 ranks on 2 cores, at the same data wait)."""
-    cores = cores or len(os.sched_getaffinity(0))
-    return max(0, min(MAX_PREFETCH_WORKERS, cores // procs_per_node - 1))
 
 
 @dataclass
@@ -65,50 +55,36 @@ def build_data(session: TrainingSession, manifest: SnapshotManifest, template: M
 
 
 def _classification_data(session: TrainingSession) -> TrainData:
-    spec, device, info = session.spec, session.dist.device, session.dist
-    root, snapshot_id = session.snapshot_root, spec.dataset.snapshot_id
-    x_train, y_train = (torch.from_numpy(a) for a in read_split(root, snapshot_id, "train"))
-    x_val, y_val = (torch.from_numpy(a).to(device) for a in read_split(root, snapshot_id, "validation"))
-    sampler = StepSampler(len(x_train), spec.training.batch_size, info.rank, info.world_size, spec.training.seed)
+    device = session.dist.device
+    train = session.dataset("train")
+    validation = session.dataset("validation")
+    x_val, y_val = validation.features.to(device), validation.labels.to(device)
 
     def batches(start: int) -> Iterator[Batch]:
-        step = start
-        while True:
-            index = sampler.indices(step)
-            yield x_train[index].to(device), y_train[index].to(device)
-            step += 1
+        return ((x.to(device), y.to(device)) for x, y in train.from_step(start))
 
     return TrainData(
         batches=batches,
         loss=F.cross_entropy,
         evaluate=lambda model: evaluate(model, x_val, y_val),
-        epoch=lambda step: sampler.position(step)[0],
+        epoch=train.epoch,
     )
 
 
 def _language_model_data(session: TrainingSession, manifest: SnapshotManifest, template: ModuleType) -> TrainData:
-    spec, device, info = session.spec, session.dist.device, session.dist
+    spec, device = session.spec, session.dist.device
     cfg = spec.training
     columns = manifest.feature_columns[: spec.model.seq_len + 1]
-
-    def stream(split: str, rank: int, world_size: int) -> StepBatches:
-        rows = tuple(ref.rows for ref in manifest.splits[split])
-        plan = StreamPlan(rows, cfg.batch_size, rank, world_size, cfg.seed)
-        return StepBatches(session.snapshot_root, manifest, split, plan, columns=columns)
-
-    train_stream = stream("train", info.rank, info.world_size)
+    train = session.dataset("train", stream=True, columns=columns)
     # Validation: the same fixed batches on every rank, so the metric does not depend on world size.
-    val_stream = stream("validation", 0, 1)
-    val_rows = [val_stream[step] for step in range(min(VAL_BATCHES, val_stream.plan.steps_in_epoch(0)))]
-
-    workers = prefetch_workers(spec.resources.procs_per_node)
+    val_plan = StreamPlan(tuple(ref.rows for ref in manifest.splits["validation"]), cfg.batch_size, 0, 1, cfg.seed)
+    val_stream = StepBatches(session.snapshot_root, manifest, "validation", val_plan, columns=columns)
+    val_rows = [val_stream[step] for step in range(min(VAL_BATCHES, val_plan.steps_in_epoch(0)))]
 
     def batches(start: int) -> Iterator[Batch]:
-        if not workers:  # the loop reads in this process: decode now, before the first step, not between steps
-            train_stream.preload(start)
         return (
-            tuple(t.to(device, non_blocking=True) for t in template.split_batch(rows, spec))
-            for rows in batch_loader(train_stream, start, cfg.max_steps, workers=workers)
+            tuple(t.to(device, non_blocking=True) for t in template.split_batch(tokens, spec))
+            for tokens, _ in train.from_step(start, cfg.max_steps)
         )
 
     @torch.no_grad()
@@ -126,6 +102,6 @@ def _language_model_data(session: TrainingSession, manifest: SnapshotManifest, t
         batches=batches,
         loss=template.loss_fn,
         evaluate=evaluate_lm,
-        epoch=lambda step: train_stream.plan.position(step)[0],
+        epoch=train.epoch,
         tokens_per_sample=spec.model.seq_len,
     )

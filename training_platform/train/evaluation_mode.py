@@ -6,7 +6,7 @@ script that resumes correctly trains no further step; `session.finish(model, ...
 which is measured on the test split of the snapshot the request names (by the function the script gave
 `session.evaluate_with`, else as a classifier: accuracy and loss of its logits) and, for the candidate,
 logged to the run's MLflow run: with the pytorch flavour, or the flavour a framework adapter sets
-(`session.model_logger`: the HF adapter's is transformers). The script's own code runs only here, never
+(`session.hooks.log_model_with`: the HF adapter's is transformers). The script's own code runs only here, never
 in the Dagster process.
 """
 

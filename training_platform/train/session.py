@@ -11,7 +11,8 @@
         session.finish(model, step, metrics)       # the run's result; after a stop, ends it as preempted
 
 (`report`, `should_checkpoint`, `save`, `should_stop` and `exit_preempted` are after_step's parts, for loops
-that need them one by one: the templates, the framework adapters.)
+that need them one by one: the templates, the framework adapters. What strategies and adapters call besides,
+around checkpoints they write themselves, is behind `session.hooks`: train/hooks.py.)
 
 The same script evaluates its run (train/evaluation_mode.py): started again with an evaluation request,
 `restore()` returns the final checkpoint and `finish(model, ...)` measures the model on the test split.
@@ -52,12 +53,13 @@ from training_platform.train.evaluation_mode import (
     evaluate_model,
     exact_checkpoint,
 )
+from training_platform.train.hooks import SessionHooks
 from training_platform.train.reporting import Reporter
 from training_platform.train.stopping import StopAgreement
 from training_platform.train.weights import weights_sha256
 
 if TYPE_CHECKING:
-    from training_platform.train.split_data import SplitBatches
+    from training_platform.train.split_data import SplitBatches, SplitStream
 
 StateOrMaker = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
 MetricsOrMaker = Mapping[str, float | torch.Tensor] | Callable[[], Mapping[str, float | torch.Tensor]]
@@ -84,8 +86,7 @@ class TrainingSession:
     _started: float = field(default_factory=time.monotonic)
     evaluation: EvaluationRequest | None = None  # set when the script was started to evaluate a checkpoint
     _evaluator: Evaluator | None = None
-    model_logger: ModelLogger | None = None
-    """How an evaluation logs the model to MLflow, set by a framework adapter (default: the pytorch flavour)."""
+    _model_logger: ModelLogger | None = None  # set by a framework adapter (hooks.log_model_with)
     _stopped_at: int | None = None  # the step after_step stopped the run at
     _ended: bool = False
     exit_code: int = 0
@@ -110,7 +111,7 @@ class TrainingSession:
             reporter=Reporter(enabled=info.is_main, run_dir=spec_path.parent, run_id=run_id),
             evaluation=evaluation,
         )
-        session.take_signals()
+        session.hooks.take_signals()
         TrainingSession.current = session
         if evaluation is None:
             session._watch_spot_notices()
@@ -130,9 +131,10 @@ class TrainingSession:
             session._join_sweep()
         return session
 
-    def take_signals(self) -> None:
-        """(Re)install the preemption handler, after a framework installed its own (Lightning does)."""
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+    @cached_property
+    def hooks(self) -> SessionHooks:
+        """For strategies, framework adapters and the template loop (train/hooks.py), not for scripts."""
+        return _Hooks(self)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._stop_requested = True
@@ -173,24 +175,38 @@ class TrainingSession:
     def snapshot_root(self) -> Path | str:
         return self.home.snapshots
 
-    def dataset(self, split: str = "train", batch_size: int | None = None) -> SplitBatches:
-        """One split of the run's snapshot: `data[step]` is this rank's batch at 0-based `step` (sharded across
-        ranks, reshuffled each epoch from the spec's seed), so a resumed script reads what it would have read;
-        `data.features` and `data.labels` hold the whole split. `batch_size`: default training.batch_size."""
-        from training_platform.train.split_data import SplitBatches
+    def dataset(
+        self,
+        split: str = "train",
+        batch_size: int | None = None,
+        *,
+        stream: bool = False,
+        columns: list[str] | None = None,
+    ) -> SplitBatches | SplitStream:
+        """One split of the run's snapshot: `data[step]` is this rank's (features, labels) batch at 0-based `step`
+        (sharded across ranks, reshuffled each epoch from the spec's seed), so a resumed script reads what it
+        would have read; `data.from_step(step)` iterates from there. In memory, `data.features` and
+        `data.labels` hold the whole split; `stream=True` reads it shard by shard instead (a split larger than
+        memory), `from_step(step, stop)` decoding ahead in worker processes. `batch_size`: default
+        training.batch_size; `columns` (streamed): the feature columns to read, default all."""
+        from training_platform.train.split_data import SplitBatches, SplitStream, prefetch_workers
 
         snapshot_id = self.spec.dataset.snapshot_id
         if snapshot_id is None:
             raise RuntimeError("the run's spec names no snapshot: start the script with `tp train`")
-        return SplitBatches.load(
-            self.snapshot_root,
-            snapshot_id,
-            split,
-            batch_size=batch_size or self.spec.training.batch_size,
-            rank=self.dist.rank,
-            world_size=self.dist.world_size,
-            seed=self.spec.training.seed,
-        )
+        sampling = {
+            "batch_size": batch_size or self.spec.training.batch_size,
+            "rank": self.dist.rank,
+            "world_size": self.dist.world_size,
+            "seed": self.spec.training.seed,
+        }
+        if stream:
+            workers = prefetch_workers(self.spec.resources.procs_per_node)
+            root = self.snapshot_root
+            return SplitStream.load(root, snapshot_id, split, columns=columns, workers=workers, **sampling)
+        if columns is not None:
+            raise ValueError("session.dataset(columns=...) selects the columns of a streamed split: add stream=True")
+        return SplitBatches.load(self.snapshot_root, snapshot_id, split, **sampling)
 
     def evaluate_with(self, evaluator: Evaluator) -> None:
         """How the run's model is measured on a test split: `evaluator(model, data)` returns the metrics the
@@ -379,35 +395,6 @@ class TrainingSession:
         self.reporter.info(f"resumed from checkpoint step {state['step']}: {restored.manifest.uri}")
         return state["user"], state["step"]
 
-    def restore_candidates(self) -> list[CheckpointManifest]:
-        """The checkpoints a framework's own restore may start from, newest first (the first that verifies
-        wins); in an evaluation, only the one it evaluates."""
-        if self.evaluation is not None:
-            return [exact_checkpoint(self.store, self.evaluation)]
-        return list(reversed(self.store.list(self.checkpoint_key)))
-
-    def checkpoint_saved(self, manifest: CheckpointManifest, seconds: float = 0.0) -> None:
-        """Bookkeeping after a strategy's own collective save (sharded DCP, DeepSpeed): main rank only."""
-        if not self.dist.is_main:
-            return
-        self.store.apply_retention(self.checkpoint_key, retention_policy(self.spec.checkpoint))
-        self._measure_save(manifest, seconds)
-        self.telemetry.clock.checkpoint_s += seconds
-        self.checkpoints.append(manifest.summary())
-        self._event("checkpoint", step=manifest.step, uri=manifest.uri)
-        self.reporter.progress(
-            "checkpoint", f"checkpoint step {manifest.step} ({manifest.attributes.get('format')}): {manifest.uri}"
-        )
-
-    def checkpoint_restored(self, manifest: CheckpointManifest, step: int) -> None:
-        """Bookkeeping after a strategy restored its own checkpoint (RNG already set by the strategy)."""
-        self.resumed_from_step = step
-        self.cadence.saved(step)
-        self.telemetry.start_step = step
-        self._event("resumed", step=step, checkpoint=manifest.uri)
-        self.checkpoints = [m.summary() for m in self.store.list(self.checkpoint_key)]
-        self.reporter.info(f"resumed from checkpoint step {step}: {manifest.uri}")
-
     # ----- end ----------------------------------------------------------------------------
     def exit_preempted(self, step: int) -> None:
         """Leave after the emergency checkpoint with the status launchers read as PREEMPTED (or PRUNED)."""
@@ -464,7 +451,7 @@ class TrainingSession:
     def _finish_evaluation(self, model: torch.nn.Module | dict[str, torch.Tensor], final_step: int) -> dict:
         assert self.evaluation is not None
         test, request = self.dataset("test"), self.evaluation
-        result = evaluate_model(model, test, self._evaluator, request, self.run_dir, final_step, self.model_logger)
+        result = evaluate_model(model, test, self._evaluator, request, self.run_dir, final_step, self._model_logger)
         measured = ", ".join(f"{name} {value:.4f}" for name, value in result["metrics"].items())
         self.reporter.info(f"evaluated the checkpoint of step {final_step}: {measured}")
         self.telemetry.finish("EVALUATED")
@@ -540,6 +527,50 @@ class TrainingSession:
         self.reporter.close()
         distributed.shutdown()
         return 0
+
+
+class _Hooks:
+    """SessionHooks on one session."""
+
+    def __init__(self, session: TrainingSession):
+        self.session = session
+
+    def take_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self.session._on_sigterm)
+
+    def restore_candidates(self) -> list[CheckpointManifest]:
+        session = self.session
+        if session.evaluation is not None:
+            return [exact_checkpoint(session.store, session.evaluation)]
+        return list(reversed(session.store.list(session.checkpoint_key)))
+
+    def checkpoint_saved(self, manifest: CheckpointManifest, seconds: float = 0.0) -> None:
+        session = self.session
+        if not session.dist.is_main:
+            return
+        session.store.apply_retention(session.checkpoint_key, retention_policy(session.spec.checkpoint))
+        session._measure_save(manifest, seconds)
+        session.telemetry.clock.checkpoint_s += seconds
+        session.checkpoints.append(manifest.summary())
+        session._event("checkpoint", step=manifest.step, uri=manifest.uri)
+        session.reporter.progress(
+            "checkpoint", f"checkpoint step {manifest.step} ({manifest.attributes.get('format')}): {manifest.uri}"
+        )
+
+    def checkpoint_restored(self, manifest: CheckpointManifest, step: int) -> None:
+        session = self.session
+        session.resumed_from_step = step
+        session.cadence.saved(step)
+        session.telemetry.start_step = step
+        session._event("resumed", step=step, checkpoint=manifest.uri)
+        session.checkpoints = [m.summary() for m in session.store.list(session.checkpoint_key)]
+        session.reporter.info(f"resumed from checkpoint step {step}: {manifest.uri}")
+
+    def step_started(self) -> None:
+        self.session.telemetry.clock.step_started()
+
+    def log_model_with(self, logger: ModelLogger) -> None:
+        self.session._model_logger = logger
 
 
 def _metadata(result: dict) -> dict:

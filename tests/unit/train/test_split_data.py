@@ -13,7 +13,7 @@ from training_platform.datasets.file_spec import FileColumns
 from training_platform.datasets.files import FileSource, build_file_snapshot
 from training_platform.datasets.text import load_tokenizer
 from training_platform.train.adapters.hf import pipeline_task, snapshot_tokenizer
-from training_platform.train.split_data import SplitBatches
+from training_platform.train.split_data import SplitBatches, SplitStream
 
 WINE = Path(__file__).resolve().parents[3] / "examples" / "own_data" / "data"
 
@@ -71,3 +71,41 @@ def test_the_hf_adapter_names_the_pipeline_a_model_serves():
     assert pipeline_task(BertForSequenceClassification(BertConfig(**tiny))) == "text-classification"
     with pytest.raises(TypeError, match="BertModel serves none of the text pipelines"):
         pipeline_task(BertModel(BertConfig(**tiny)))
+
+
+def test_a_streamed_split_gives_each_rank_its_own_rows_the_same_after_a_resume(tmp_path):
+    manifest = build_snapshot("python_stdlib_text", tmp_path)
+    first = [f"tok_{i}" for i in range(17)]
+
+    def stream(rank: int, **options) -> SplitStream:
+        sampling = {"batch_size": 8, "rank": rank, "world_size": 2, "seed": 3, **options}
+        return SplitStream.load(tmp_path, manifest.snapshot_id, "train", columns=first, **sampling)
+
+    ranks = [stream(rank) for rank in (0, 1)]
+    tokens, labels = ranks[0][5]
+    assert tokens.dtype == torch.int64 and tokens.shape == (8, 17) and labels.shape == (8,)
+    assert ranks[0].num_features == 17 and ranks[0].num_classes == manifest.num_classes
+    # The ranks read different rows; decoded ahead by a worker process or read in place, the batches are the same.
+    assert not {tuple(r.tolist()) for r in tokens} & {tuple(r.tolist()) for r in ranks[1][5][0]}
+    ahead = list(stream(0, workers=1).from_step(5, 9))
+    in_place = [ranks[0][step] for step in range(5, 9)]
+    assert len(ahead) == 4 and all(
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(ahead, in_place, strict=True)
+    )
+    # The stream is the in-memory split's rows: the same tokens, only the first columns.
+    whole = SplitBatches.load(tmp_path, manifest.snapshot_id, "train", batch_size=8, rank=0, world_size=1, seed=3)
+    assert {tuple(r.tolist()) for r in tokens} <= {tuple(r[:17].tolist()) for r in whole.features}
+    with pytest.raises(ValueError, match="has no feature column.s. nope; its features are tok_0, tok_1"):
+        SplitStream.load(tmp_path, manifest.snapshot_id, "train", columns=["nope"], batch_size=8, rank=0,
+                         world_size=1, seed=3)
+
+
+def test_a_streamed_table_split_is_scaled_as_the_in_memory_one(tmp_path):
+    manifest = build_file_snapshot(FileSource(uri=str(WINE), columns=FileColumns(label="cultivar")), tmp_path).manifest
+    streamed = SplitStream.load(tmp_path, manifest.snapshot_id, "train", batch_size=8, rank=0, world_size=1, seed=3)
+    whole = _load(tmp_path, manifest.snapshot_id, 0, world_size=1)
+    features, labels = streamed[0]
+    assert features.dtype == torch.float32 and features.shape == (8, 13)
+    rows = {tuple(round(v, 5) for v in row.tolist()) for row in whole.features}
+    assert all(tuple(round(v, 5) for v in row.tolist()) in rows for row in features)
+    assert set(labels.tolist()) <= set(range(3))

@@ -16,7 +16,7 @@ from training_platform.datasets.cache import ShardCache
 from training_platform.datasets.sources import RawSource
 from training_platform.datasets.stream import StepBatches, StreamPlan, batch_loader
 from training_platform.errors import SnapshotError
-from training_platform.train.data import prefetch_workers
+from training_platform.train.split_data import prefetch_workers
 
 ROWS = 5000  # -> 5 train shards of about 700 rows
 

@@ -30,7 +30,7 @@ def save_directory(session: TrainingSession, directory: Path, step: int, began: 
     started = began if began is not None else time.monotonic()
     files = {str(p.relative_to(directory)): p for p in sorted(Path(directory).rglob("*")) if p.is_file()}
     manifest, _ = session.store.save_files(session.checkpoint_key, step, files, attributes={"format": "directory"})
-    session.checkpoint_saved(manifest, time.monotonic() - started)
+    session.hooks.checkpoint_saved(manifest, time.monotonic() - started)
 
 
 def restore_directory(session: TrainingSession, parent: Path, name: str = "checkpoint-{step}") -> Path | None:
@@ -52,12 +52,12 @@ def restore_directory(session: TrainingSession, parent: Path, name: str = "check
         _restore_into(session, manifest, target)
     if dist.is_initialized():
         dist.barrier()
-    session.checkpoint_restored(manifest, chosen)
+    session.hooks.checkpoint_restored(manifest, chosen)
     return target
 
 
 def _newest_verified(session: TrainingSession, parent: Path, name: str) -> int | None:
-    for manifest in session.restore_candidates():
+    for manifest in session.hooks.restore_candidates():
         if manifest.kind != "files":
             continue
         try:

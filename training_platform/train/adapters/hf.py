@@ -68,7 +68,7 @@ class PlatformCallback(TrainerCallback):
         step = self.session.evaluation.step
         trainer.state.global_step = step
         if isinstance(trainer.processing_class, PreTrainedTokenizerBase):
-            self.session.model_logger = _transformers_logger(trainer.processing_class)
+            self.session.hooks.log_model_with(_transformers_logger(trainer.processing_class))
         return TrainOutput(global_step=step, training_loss=math.nan, metrics={})
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -78,7 +78,7 @@ class PlatformCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         # The Trainer fetches its batches itself: steps and their pace are counted, data wait is not measured.
-        self.session.telemetry.clock.step_started()
+        self.session.hooks.step_started()
 
     def on_step_end(self, args, state, control, **kwargs):
         # Every rank calls this together, so the collective inside should_stop() is safe.

@@ -38,11 +38,11 @@ class PlatformCallback(L.Callback):
     def on_train_start(self, trainer, pl_module):
         # Lightning installs its own SIGTERM handler at fit start; the platform's must win, so that a
         # notice becomes "checkpoint at a step boundary (ranks agree within ~0.2 s), then exit for requeue".
-        self.session.take_signals()
+        self.session.hooks.take_signals()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         # Lightning fetches its batches itself: steps and their pace are counted, data wait is not measured.
-        self.session.telemetry.clock.step_started()
+        self.session.hooks.step_started()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step

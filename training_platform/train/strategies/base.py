@@ -73,7 +73,7 @@ class Strategy(ABC):
         distributed.set_rng_state(rng_states[self.session.dist.rank % len(rng_states)])
 
     def record_saved(self, manifest: CheckpointManifest, seconds: float) -> None:
-        self.session.checkpoint_saved(manifest, seconds)
+        self.session.hooks.checkpoint_saved(manifest, seconds)
 
     def record_restored(self, manifest: CheckpointManifest, step: int) -> None:
-        self.session.checkpoint_restored(manifest, step)
+        self.session.hooks.checkpoint_restored(manifest, step)
