@@ -155,6 +155,18 @@ def test_a_split_by_key_is_deterministic_whatever_the_row_order(tmp_path):
     assert members[0] == members[1]  # the same users in test, wherever their rows were
 
 
+def test_string_keys_hashed_in_parts_on_threads_hash_as_one_call_does():
+    from pandas.util import hash_array
+
+    from training_platform.datasets.files import _key_hashes
+
+    keys = [f"user-{n}" for n in range(450_000)]  # enough rows for several parts
+    table = pa.table({"user": keys})
+    source = FileSource(uri="unused", columns=FileColumns(label="y"), split=FileSplit(key="user", seed=5))
+    whole = hash_array(np.array(keys, dtype=object), hash_key=f"{5:016d}", categorize=False)
+    assert np.array_equal(_key_hashes(table, source), whole)  # a split never depends on how it was computed
+
+
 def test_an_existing_split_column_is_kept(tmp_path):
     table = _ids(30).append_column("part", pa.array(["train"] * 20 + ["validation"] * 5 + ["test"] * 5))
     pq.write_table(table, tmp_path / "a.parquet")
