@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from training_platform.datasets import SnapshotManifest
-from training_platform.datasets.stream import StepBatches, StreamPlan
 from training_platform.train.session import TrainingSession
+from training_platform.train.split_data import SplitStream
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 VAL_BATCHES = 8
@@ -76,10 +76,13 @@ def _language_model_data(session: TrainingSession, manifest: SnapshotManifest, t
     cfg = spec.training
     columns = manifest.feature_columns[: spec.model.seq_len + 1]
     train = session.dataset("train", stream=True, columns=columns)
-    # Validation: the same fixed batches on every rank, so the metric does not depend on world size.
-    val_plan = StreamPlan(tuple(ref.rows for ref in manifest.splits["validation"]), cfg.batch_size, 0, 1, cfg.seed)
-    val_stream = StepBatches(session.snapshot_root, manifest, "validation", val_plan, columns=columns)
-    val_rows = [val_stream[step] for step in range(min(VAL_BATCHES, val_plan.steps_in_epoch(0)))]
+    # Validation: the same fixed batches on every rank (as one rank of one), so the metric does not depend on
+    # world size.
+    sampling = {"batch_size": cfg.batch_size, "rank": 0, "world_size": 1, "seed": cfg.seed}
+    root, snapshot_id = session.snapshot_root, manifest.snapshot_id
+    validation = SplitStream.load(root, snapshot_id, "validation", columns=columns, **sampling)
+    val_steps = min(VAL_BATCHES, validation.batches.plan.steps_in_epoch(0))
+    val_rows = [validation[step][0] for step in range(val_steps)]
 
     def batches(start: int) -> Iterator[Batch]:
         return (
