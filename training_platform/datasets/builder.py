@@ -109,14 +109,13 @@ def write_tables(
     def write(part: pa.Table) -> ShardRef:
         return write_shard(root, encode_parquet(part, row_group_rows, dictionary), rows=part.num_rows)
 
+    # Canonical split order first, so manifests read train, validation, test. Every split's shards go to one pool,
+    # with a spare thread per core: a thread waiting for its shard's fsync leaves a core to the encoders.
+    named = [(split, part) for split in sorted(tables, key=_split_order) for part in _shards(tables[split], shard_rows)]
+    refs = parallel_map(write, [part for _, part in named], threads=2 * (os.cpu_count() or 1))
     splits: dict[str, list[ShardRef]] = {}
-    # Canonical split order first, so manifests read train, validation, test.
-    for split in sorted(tables, key=_split_order):
-        table = tables[split]
-        count = max(MIN_SHARDS_PER_SPLIT, math.ceil(table.num_rows / shard_rows))
-        bounds = np.linspace(0, table.num_rows, count + 1).round().astype(int)
-        parts = [table.slice(start, stop - start) for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
-        splits[split] = parallel_map(write, parts)  # pyarrow and hashlib release the GIL; order is kept
+    for (split, _), ref in zip(named, refs, strict=True):
+        splits.setdefault(split, []).append(ref)
     manifest = SnapshotManifest(
         source=source,
         source_sha256=source_sha256,
@@ -134,9 +133,17 @@ def write_tables(
     return write_manifest(root, manifest)
 
 
-def parallel_map(function: Callable[..., _T], *iterables: Iterable) -> list[_T]:
-    """`map` on a thread per core, results in order: for work that releases the GIL (Arrow, hashlib, numpy)."""
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+def _shards(table: pa.Table, shard_rows: int) -> list[pa.Table]:
+    """Slices of about shard_rows rows (no copies); at least MIN_SHARDS_PER_SPLIT, so two ranks share a split."""
+    count = max(MIN_SHARDS_PER_SPLIT, math.ceil(table.num_rows / shard_rows))
+    bounds = np.linspace(0, table.num_rows, count + 1).round().astype(int)
+    return [table.slice(start, stop - start) for start, stop in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def parallel_map(function: Callable[..., _T], *iterables: Iterable, threads: int | None = None) -> list[_T]:
+    """`map` on a thread per core (or `threads`), results in order: for work that releases the GIL (Arrow,
+    hashlib, numpy, file writes)."""
+    with ThreadPoolExecutor(max_workers=threads or os.cpu_count() or 1) as pool:
         return list(pool.map(function, *iterables))
 
 
@@ -144,11 +151,12 @@ def _split_order(name: str) -> tuple[int, str]:
     return (SPLITS.index(name) if name in SPLITS else len(SPLITS), name)
 
 
-def encode_parquet(table: pa.Table, row_group_rows: int = ROW_GROUP_ROWS, dictionary: bool = True) -> bytes:
-    """Parquet bytes that depend only on the table (and the pyarrow version that writes them)."""
+def encode_parquet(table: pa.Table, row_group_rows: int = ROW_GROUP_ROWS, dictionary: bool = True) -> memoryview:
+    """Parquet bytes that depend only on the table (and the pyarrow version that writes them), in Arrow's memory:
+    a copy into Python bytes would fault in fresh pages for every shard."""
     sink = pa.BufferOutputStream()
     # Fixed row groups and codec; tables built from arrays carry no pandas or timestamp metadata.
     pq.write_table(
         table, sink, row_group_size=row_group_rows, compression="zstd", compression_level=3, use_dictionary=dictionary
     )
-    return sink.getvalue().to_pybytes()
+    return memoryview(sink.getvalue())

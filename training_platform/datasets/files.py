@@ -14,6 +14,7 @@ A changed file gives a new snapshot; its shards are content addressed, so what d
 from __future__ import annotations
 
 import fnmatch
+import functools
 import glob
 import hashlib
 import json
@@ -67,7 +68,7 @@ class SourceFile:
     """An absolute path, or the object's key under the bucket."""
     size: int
     modified: float
-    read: Callable[[], bytes] = field(compare=False, repr=False)
+    read: Callable[[], bytes | pa.Buffer] = field(compare=False, repr=False)
 
     @property
     def format(self) -> str:
@@ -101,9 +102,7 @@ def build_file_snapshot(source: FileSource, root: SnapshotRoot, *, outside: Path
     content_key = _key(source, [[file.name, sha256] for file, sha256 in zip(files, hashes, strict=True)])
     found = _recorded(root, content_key)
     if found is None:
-        table = _parsed(files, blobs, source.uri)
-        del blobs
-        found = _write(source, table, root, content_key)
+        found = _write(source, _parsed(files, blobs, source.uri), root, content_key)
         _record(root, content_key, found)
     _record(root, stat_key, found)
     return FileSnapshot(found, files, parsed=True)
@@ -116,9 +115,11 @@ def read_source_table(source: FileSource) -> pa.Table:
     return _parsed(files, [file.read() for file in files], source.uri)
 
 
-def _parsed(files: list[SourceFile], blobs: list[bytes], uri: str) -> pa.Table:
-    """The files' rows in one table, parsed on a thread per core from the bytes already read."""
+def _parsed(files: list[SourceFile], blobs: list[bytes | pa.Buffer], uri: str) -> pa.Table:
+    """The files' rows in one table, parsed on a thread per core from the bytes already read (and emptied from
+    `blobs`: what the table does not share is freed for the build to reuse)."""
     parts = parallel_map(_parse, blobs, files)
+    blobs.clear()
     return _combine([(file.name, part) for file, part in zip(files, parts, strict=True)], uri)
 
 
@@ -219,8 +220,16 @@ def _local_files(uri: str) -> list[SourceFile]:
         if match.is_file():
             info = match.stat()
             resolved = match.resolve()
-            files.append(SourceFile(str(resolved), info.st_size, info.st_mtime_ns / 1e9, resolved.read_bytes))
+            read = functools.partial(_read_local, str(resolved))
+            files.append(SourceFile(str(resolved), info.st_size, info.st_mtime_ns / 1e9, read))
     return files
+
+
+def _read_local(path: str) -> pa.Buffer:
+    """The file's bytes in Arrow's memory pool, which keeps and reuses what it frees (fresh pages cost more to
+    fault in here than the copy itself)."""
+    with pa.OSFile(path) as handle:
+        return handle.read_buffer()
 
 
 def _s3_files(uri: str) -> list[SourceFile]:
@@ -276,7 +285,7 @@ def _record(root: SnapshotRoot, key: str, manifest: SnapshotManifest) -> None:
     put_object(root, f"{RECORDS}/{key}.json", json.dumps({"snapshot_id": manifest.snapshot_id}).encode())
 
 
-def _parse(data: bytes, file: SourceFile) -> pa.Table:
+def _parse(data: bytes | pa.Buffer, file: SourceFile) -> pa.Table:
     buffer = pa.BufferReader(data)
     try:
         if file.format == "parquet":
@@ -345,16 +354,15 @@ def _write(source: FileSource, table: pa.Table, root: SnapshotRoot, content_key:
     ranges = dict(zip(features, parallel_map(_range, feature_table.columns), strict=True))
     low, high = min(lo for lo, _ in ranges.values()), max(hi for _, hi in ranges.values())
     shard_rows = max(1, SHARD_BYTES // (feature_table.nbytes // table.num_rows + 16))  # + row_id and label
-    # One gather puts each split's rows together, in row order; each split is then a slice of it (no copy).
-    order = np.concatenate(list(split_rows.values()))
-    gathered = parallel_map(lambda column: _gather(column, order), feature_table.columns)
-    grouped = pa.Table.from_arrays(
-        [pa.array(order.astype(np.int64)), *gathered, pa.array(labels[order])], names=[ROW_ID, *features, LABEL]
-    )
-    tables, start = {}, 0
+    # Each split's rows, in row order, by Arrow's filter: chunk by chunk, into memory its pool reuses (a gather
+    # into fresh arrays spent more time in the kernel, faulting pages in, than copying).
+    tables = {}
     for split, rows in split_rows.items():
-        tables[split] = grouped.slice(start, len(rows))
-        start += len(rows)
+        mask = pa.array(_mask(rows, table.num_rows))
+        columns = parallel_map(lambda column, mask=mask: column.filter(mask), feature_table.columns)
+        row_ids, split_labels = pa.array(rows.astype(np.int64)), pa.array(labels[rows])
+        tables[split] = pa.Table.from_arrays([row_ids, *columns, split_labels], names=[ROW_ID, *features, LABEL])
+    del table, feature_table  # the caller keeps no reference: the encoders reuse its memory
     return write_tables(
         root,
         tables,
@@ -372,11 +380,10 @@ def _write(source: FileSource, table: pa.Table, root: SnapshotRoot, content_key:
     )
 
 
-def _gather(column: pa.ChunkedArray, order: np.ndarray) -> pa.Array:
-    """column[order]: numpy's gather where the column has no nulls (several times Arrow's take on chunks)."""
-    if column.null_count == 0 and _numeric(column.type):
-        return pa.array(column.to_numpy()[order], type=column.type)
-    return column.take(pa.array(order))
+def _mask(rows: np.ndarray, size: int) -> np.ndarray:
+    mask = np.zeros(size, dtype=bool)
+    mask[rows] = True
+    return mask
 
 
 def _range(column: pa.ChunkedArray) -> tuple[float, float]:
@@ -512,10 +519,16 @@ def _key_hashes(table: pa.Table, source: FileSource) -> np.ndarray:
     # hashes without the GIL once it has each value's bytes: parts on threads take 30% less time (6.7M keys).
     from pandas.util import hash_array
 
-    values = column.cast(pa.string()).to_numpy(zero_copy_only=False)  # Python strings, as hash_array takes them
+    # Each part becomes Python strings (as hash_array takes them) on its own thread, and drops them when hashed:
+    # one part's strings at a time are alive, in memory the next part reuses.
     hash_key = f"{seed:016d}"[-16:]
-    parts = np.array_split(values, max(1, min(KEY_HASH_PARTS, len(values) // 100_000)))
-    return np.concatenate(parallel_map(lambda part: hash_array(part, hash_key=hash_key, categorize=False), parts))
+    bounds = np.linspace(0, len(column), max(1, min(KEY_HASH_PARTS, len(column) // 100_000)) + 1).astype(int)
+
+    def hashed(start: int, stop: int) -> np.ndarray:
+        values = column.slice(start, stop - start).cast(pa.string()).to_numpy(zero_copy_only=False)
+        return hash_array(values, hash_key=hash_key, categorize=False)
+
+    return np.concatenate(parallel_map(hashed, bounds[:-1], bounds[1:]))
 
 
 def _splitmix64(values: np.ndarray | np.uint64) -> np.ndarray:

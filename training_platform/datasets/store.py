@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from training_platform.checkpoints.storage import LocalStorage, Storage, open_storage
+from training_platform.checkpoints.storage import Buffer, LocalStorage, Storage, open_storage
 from training_platform.datasets.manifest import FORMAT_VERSION, ShardRef, SnapshotManifest
 from training_platform.errors import CheckpointError, SnapshotError
 
@@ -57,14 +57,15 @@ def _storage(root: str, _pid: int) -> Storage:
 
 
 @_store_errors
-def write_shard(root: SnapshotRoot, data: bytes, rows: int) -> ShardRef:
-    """Store shard bytes under their hash; an intact existing copy is left untouched."""
+def write_shard(root: SnapshotRoot, data: Buffer, rows: int) -> ShardRef:
+    """Store shard bytes under their hash; an intact existing copy is left untouched. Its name in the
+    shard directory is made durable by write_manifest, once for all of a snapshot's shards."""
     sha256 = hashlib.sha256(data).hexdigest()
     ref = ShardRef(path=f"{SHARD_DIR}/{sha256}.parquet", rows=rows, bytes=len(data), sha256=sha256)
     storage = snapshot_storage(root)
     # Content addressed: same name means same bytes, so only a damaged copy is ever replaced.
     if not _intact(storage, ref):
-        storage.put(ref.path, data)
+        storage.put(ref.path, data, sync_parent=False)
     return ref
 
 
@@ -86,6 +87,7 @@ def write_manifest(root: SnapshotRoot, manifest: SnapshotManifest) -> SnapshotMa
     storage = snapshot_storage(root)
     key = _manifest_key(sealed.snapshot_id)
     data = sealed.to_json().encode()
+    storage.sync(SHARD_DIR)  # the shards' names are durable before a manifest names them
     if _get(storage, key) != data:
         storage.put(key, data)
     return sealed
