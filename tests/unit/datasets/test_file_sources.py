@@ -155,12 +155,12 @@ def test_a_split_by_key_is_deterministic_whatever_the_row_order(tmp_path):
     assert members[0] == members[1]  # the same users in test, wherever their rows were
 
 
-def test_string_keys_hashed_in_parts_on_threads_hash_as_one_call_does():
+def test_string_keys_hashed_in_parts_as_bytes_hash_as_one_call_on_strings_does():
     from pandas.util import hash_array
 
     from training_platform.datasets.files import _key_hashes
 
-    keys = [f"user-{n}" for n in range(450_000)]  # enough rows for several parts
+    keys = [f"user-{n}" for n in range(450_000)] + ["é-ü", "日本語", ""]  # several parts; UTF-8 beyond ASCII
     table = pa.table({"user": keys})
     source = FileSource(uri="unused", columns=FileColumns(label="y"), split=FileSplit(key="user", seed=5))
     whole = hash_array(np.array(keys, dtype=object), hash_key=f"{5:016d}", categorize=False)
