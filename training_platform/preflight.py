@@ -79,31 +79,55 @@ def check_entrypoint(spec: TrainSpec) -> None:
 
 
 def check_evaluation(spec: TrainSpec) -> None:
-    """A script's spec names only metrics its text can report: a metric beyond the default evaluation's must be
-    returned by the function given to `session.evaluate_with`, so its name is in the script. Refused here, not
-    after the whole training run, when the evaluation would not report it."""
+    """The user's code names only metrics it can report: a metric beyond the default evaluation's must be returned
+    by the function given to `session.evaluate_with`, so its name is in the code (the script, or the module's
+    package). Refused here, not after the whole training run, when the evaluation would not report it."""
     entrypoint = spec.entrypoint
-    if spec.evaluation is None or entrypoint is None or entrypoint.code is None:
-        return  # a module is not read here: its evaluation says what it lacks
+    if spec.evaluation is None or entrypoint is None:
+        return
     own = [name for name in spec.evaluation.metrics if name not in TEMPLATE_METRICS]
     if not own:
         return
-    try:
-        tree = ast.parse(entrypoint.code.text)
-    except SyntaxError as exc:
-        raise SpecError(
-            f"entrypoint.script {entrypoint.script}: not valid Python (line {exc.lineno}: {exc.msg}); fix the script"
-        ) from None
-    names = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
-    calls = any(isinstance(node, ast.Attribute) and node.attr == "evaluate_with" for node in ast.walk(tree))
+    if entrypoint.code is not None:
+        where, sources = entrypoint.script, {entrypoint.script: entrypoint.code.text}
+    elif entrypoint.module is not None:
+        where, sources = f"module {entrypoint.module}", _package_sources(entrypoint.module)
+    else:
+        return  # a script not read yet (a spec parsed by hand): its evaluation says what it lacks
+    if not sources:
+        return  # a compiled module: nothing to read here
+    names: set[str] = set()
+    calls = False
+    for path, text in sources.items():
+        try:
+            tree = ast.parse(text)
+        except SyntaxError as exc:
+            raise SpecError(f"entrypoint: {path} is not valid Python (line {exc.lineno}: {exc.msg}); fix it") from None
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names.add(node.value)
+            calls = calls or (isinstance(node, ast.Attribute) and node.attr == "evaluate_with")
     unreported = [name for name in own if not calls or name not in names]
     if unreported:
-        where = "its function given to session.evaluate_with" if calls else "session.evaluate_with (it never calls it)"
+        target = "its function given to session.evaluate_with" if calls else "session.evaluate_with (it never calls it)"
         raise SpecError(
-            f"evaluation.metrics: {entrypoint.script} never reports {', '.join(unreported)}: the default evaluation "
-            f"reports {' and '.join(TEMPLATE_METRICS)}; return {', '.join(unreported)} from {where}, or remove "
+            f"evaluation.metrics: {where} never reports {', '.join(unreported)}: the default evaluation "
+            f"reports {' and '.join(TEMPLATE_METRICS)}; return {', '.join(unreported)} from {target}, or remove "
             "them from evaluation.metrics"
         )
+
+
+def _package_sources(module: str) -> dict[str, str]:
+    """The Python files of the module's top-level package (or the module's own file), found without importing
+    it: importing would run the user's code in the platform's process."""
+    found = importlib.util.find_spec(module.split(".")[0])
+    if found is None or found.origin is None:
+        return {}  # check_entrypoint names a module that cannot be found
+    if found.submodule_search_locations:
+        paths = sorted(path for folder in found.submodule_search_locations for path in Path(folder).rglob("*.py"))
+    else:
+        paths = [Path(found.origin)] if found.origin.endswith(".py") else []
+    return {str(path): path.read_text(errors="replace") for path in paths}
 
 
 def check_no_secrets(spec: TrainSpec) -> None:

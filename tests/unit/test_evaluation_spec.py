@@ -69,3 +69,25 @@ def test_a_metric_the_script_never_reports_is_refused_before_launch(tmp_path):
         check_evaluation(_script_spec(tmp_path, no_evaluator, asks))
     check_evaluation(_script_spec(tmp_path, no_evaluator, {"metrics": ["loss"], "gate": {"metric": "loss",
                                                                                          "direction": "minimize"}}))
+
+
+def test_a_modules_metrics_are_read_from_its_package_without_importing_it(tmp_path, monkeypatch):
+    package = tmp_path / "team_model"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('imported by the platform')\n")
+    (package / "train.py").write_text(REPORTS_F1.replace("def evaluate(model, test):\n", "").replace(
+        '    return {"accuracy": 1.0, "loss": 0.0, "f1": 1.0}\n', "from team_model.metrics import evaluate\n"))
+    (package / "metrics.py").write_text('def evaluate(model, test):\n    return {"accuracy": 1.0, "f1": 0.5}\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def spec(metric: str):
+        evaluation = {"metrics": [metric], "gate": {"metric": metric}}
+        return parse_spec({**MINIMAL, "entrypoint": {"module": "team_model.train"}, "evaluation": evaluation})
+
+    check_evaluation(spec("f1"))  # returned by a function in another file of the package: accepted
+    with pytest.raises(SpecError, match=r"module team_model.train never reports f1_macro: .* return f1_macro from "
+                                        r"its function given to session.evaluate_with, or remove them"):
+        check_evaluation(spec("f1_macro"))
+    (package / "train.py").write_text("print('no evaluation')\n")
+    with pytest.raises(SpecError, match=r"return f1 from session.evaluate_with \(it never calls it\)"):
+        check_evaluation(spec("f1"))
