@@ -128,3 +128,50 @@ def test_a_teams_own_files_in_a_bucket_become_a_snapshot_found_again_without_a_r
         r"listed .*check the bucket and prefix, and that the platform's S3",
     ):
         build_file_snapshot(missing, tmp_path / "snap")
+
+
+@pytest.fixture(scope="module")
+def guarded_s3(tmp_path_factory):
+    """An S3 server of its own that checks credentials: `lister` may list the landing bucket but read nothing,
+    `outsider` may do nothing there."""
+    from tests.fixtures.s3 import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("guarded-s3"), identities={
+        "lister": ["List:landing"], "outsider": ["Read:elsewhere", "List:elsewhere"]})
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_an_s3_prefix_that_denies_access_is_refused_before_a_build_names_what_to_grant(
+    guarded_s3, tmp_path, monkeypatch
+):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from training_platform.datasets.file_spec import FileColumns
+    from training_platform.datasets.files import FileSource, build_file_snapshot, check_source
+
+    client = guarded_s3.client()
+    client.create_bucket(Bucket="landing")
+    pq.write_table(pa.table({"x": [0.5, 1.5, 2.5, 3.5], "y": [0, 1, 0, 1]}), tmp_path / "part-0.parquet")
+    client.upload_file(str(tmp_path / "part-0.parquet"), "landing", "events/part-0.parquet")
+    source = FileSource(uri="s3://landing/events/", columns=FileColumns(label="y"))
+
+    for name, value in guarded_s3.identity_env("outsider").items():
+        monkeypatch.setenv(name, value)
+    for step in (check_source, lambda source: build_file_snapshot(source, tmp_path / "snap")):
+        with pytest.raises(SnapshotError, match=r"dataset.source s3://landing/events/ cannot be listed \(S3 listing "
+                                                r"of s3://landing/events/ was denied \(AccessDenied\): the credentials "
+                                                r".*check the bucket and prefix, and that the platform's S3"):
+            step(source)
+    for name, value in guarded_s3.identity_env("lister").items():
+        monkeypatch.setenv(name, value)
+    for step in (check_source, lambda source: build_file_snapshot(source, tmp_path / "snap")):
+        with pytest.raises(SnapshotError, match=r"dataset.source s3://landing/events/: s3://landing/events/part-0."
+                                                r"parquet cannot be read \(S3 .* was denied \((403|AccessDenied)\).*check the "
+                                                r"platform's access to it"):
+            step(source)
+    assert not (tmp_path / "snap").exists() or not any((tmp_path / "snap").rglob("*.json"))  # nothing published

@@ -25,6 +25,7 @@ from training_platform.errors import CheckpointError
 # Objects above this go up in parallel parts; our chunks are 64 MiB, so 4 parts each.
 MULTIPART_BYTES = 16 << 20
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+_DENIED = {"403", "AccessDenied", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
 
 
 def endpoint_from_env() -> str | None:
@@ -114,6 +115,11 @@ class S3Storage:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _fail(self, action: str, key: str, exc: Exception) -> CheckpointError:
+        if isinstance(exc, ClientError) and _code(exc) in _DENIED:
+            return CheckpointError(
+                f"S3 {action} of {self.uri}/{key} was denied ({_code(exc)}): the credentials in this environment "
+                "may not do it; grant them access to the bucket, or use credentials that have it"
+            )
         return CheckpointError(
             f"S3 {action} of {self.uri}/{key} failed after {self.max_attempts} attempts: {exc}. "
             "Check that the S3 endpoint is reachable and the bucket exists."

@@ -141,7 +141,10 @@ def check_source(source: FileSource) -> None:
     JSON Lines and S3 objects are checked by the build."""
     files = list_source_files(source.uri)
     _one_format(files, source.uri)
-    if files[0].name.startswith("s3://") or files[0].format == "jsonl":
+    if files[0].name.startswith("s3://"):
+        _check_readable(files[0], source.uri)  # listing may be allowed where reading is not
+        return
+    if files[0].format == "jsonl":
         return
     metadata = [_footer(file) for file in files] if files[0].format == "parquet" else []
     schemas = [m.schema.to_arrow_schema() for m in metadata] or [_csv_schema(file) for file in files]
@@ -257,12 +260,24 @@ def _s3_files(uri: str) -> list[SourceFile]:
     ]
 
 
+def _check_readable(file: SourceFile, uri: str) -> None:
+    from training_platform.checkpoints.s3 import S3Storage
+
+    folder, _, key = file.name.rpartition("/")
+    try:
+        S3Storage.from_uri(folder).stat(key)
+    except (CheckpointError, ValueError) as exc:
+        raise SnapshotError(
+            f"dataset.source {uri}: {file.name} cannot be read ({exc}); check the platform's access to it"
+        ) from None
+
+
 def _s3_get(storage, key: str, uri: str) -> bytes:
     try:
         return storage.get(key)
     except (CheckpointError, FileNotFoundError, ValueError) as exc:
         raise SnapshotError(
-            f"dataset.source {uri}: {key} cannot be read ({exc}); check the platform's access to it"
+            f"dataset.source {uri}: {storage.uri}/{key} cannot be read ({exc}); check the platform's access to it"
         ) from None
 
 
