@@ -69,7 +69,7 @@ class DatasetSpec(_Strict):
     as_of: date | None = Field(
         None, description="train on the dataset_snapshot of this day (YYYY-MM-DD); default: the newest day built"
     )
-    columns: FileColumns | None = Field(None, description="your files' columns by role: label, features")
+    columns: FileColumns | None = Field(None, description="your files' columns by role: label, features, text, image")
     split: FileSplit | None = Field(
         None, description="how your files' rows split: an existing column, or fractions by a key's hash (70/15/15)"
     )
@@ -446,6 +446,13 @@ class TrainSpec(_Strict):
             raise ValueError(
                 f"evaluation.metrics: model templates report {' and '.join(TEMPLATE_METRICS)}, not "
                 f"{', '.join(unknown)}; remove them, or train your own script (entrypoint) that reports them"
+            )
+        columns = self.dataset.columns
+        roles = [role for role in ("text", "image") if columns is not None and getattr(columns, role) is not None]
+        if self.entrypoint is None and roles:
+            raise ValueError(
+                f"dataset.columns.{roles[0]}: model templates read numeric features only; train your own script "
+                f"(entrypoint.script), which reads the {roles[0]} as batch.{roles[0]}"
             )
         return self
 

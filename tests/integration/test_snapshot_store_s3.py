@@ -171,7 +171,7 @@ def test_an_s3_prefix_that_denies_access_is_refused_before_a_build_names_what_to
         monkeypatch.setenv(name, value)
     for step in (check_source, lambda source: build_file_snapshot(source, tmp_path / "snap")):
         with pytest.raises(SnapshotError, match=r"dataset.source s3://landing/events/: s3://landing/events/part-0."
-                                                r"parquet cannot be read \(S3 .* was denied \((403|AccessDenied)\).*check the "
-                                                r"platform's access to it"):
+                                                r"parquet cannot be read \(S3 .* was denied \((403|AccessDenied)\)"
+                                                r".*check the platform's access to it"):
             step(source)
     assert not (tmp_path / "snap").exists() or not any((tmp_path / "snap").rglob("*.json"))  # nothing published

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training_platform.datasets.file_spec import SPLIT_SEED
-from training_platform.datasets.manifest import LABEL, ROW_ID, SPLITS, ShardRef, SnapshotManifest
+from training_platform.datasets.manifest import LABEL, ROLE_COLUMNS, ROW_ID, SPLITS, ShardRef, SnapshotManifest
 from training_platform.datasets.sources import RawSource, load_source
 from training_platform.datasets.store import SnapshotRoot, write_manifest, write_shard
 from training_platform.datasets.text import write_tokenizer
@@ -120,7 +120,7 @@ def write_tables(
         source=source,
         source_sha256=source_sha256,
         schema={field.name: str(field.type) for field in schema},
-        num_features=len(schema) - 2,
+        num_features=sum(name not in (ROW_ID, LABEL, *ROLE_COLUMNS) for name in schema.names),
         num_classes=num_classes,
         feature_min=feature_min,
         feature_max=feature_max,

@@ -17,7 +17,7 @@ FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "js
 """Data file types by extension."""
 SPLIT_SEED = 20240101
 DEFAULT_FRACTIONS = {"train": 0.70, "validation": 0.15, "test": 0.15}
-RESERVED_COLUMNS = ("row_id", "label", "split")
+RESERVED_COLUMNS = ("row_id", "label", "split", "text", "image")
 """Names a snapshot gives its own columns; a source column may not take one as a feature."""
 SplitName = Literal["train", "validation", "test"]
 
@@ -52,17 +52,33 @@ class FileColumns(_Strict):
     features: list[str] | None = Field(
         None, description="feature columns (numeric); default: every numeric column but the label, split and key"
     )
+    text: str | None = Field(None, description="a column of text (strings), kept as the snapshot's `text`")
+    image: str | None = Field(
+        None, description="a column of encoded images (bytes, e.g. PNG or JPEG), kept as the snapshot's `image`"
+    )
 
     @field_validator("features")
     @classmethod
     def _distinct(cls, value: list[str] | None) -> list[str] | None:
         if value is not None:
-            if not value:
-                raise ValueError("dataset.columns.features is empty; list at least one column or leave it out")
             repeated = sorted({name for name in value if value.count(name) > 1})
             if repeated:
                 raise ValueError(f"dataset.columns.features names {', '.join(repeated)} more than once")
         return value
+
+    @model_validator(mode="after")
+    def _one_role_each(self) -> FileColumns:
+        if self.features == [] and self.text is None and self.image is None:
+            raise ValueError("dataset.columns.features is empty; list at least one column or leave it out")
+        roles = {"label": self.label, "text": self.text, "image": self.image}
+        named = [(role, column) for role, column in roles.items() if column is not None]
+        for role, column in named:
+            others = [other for other, name in named if name == column and other != role]
+            if others:
+                raise ValueError(f"dataset.columns: column {column!r} is both the {role} and the {others[0]}")
+            if column in (self.features or []):
+                raise ValueError(f"dataset.columns: column {column!r} is the {role}; take it out of features")
+        return self
 
 
 class FileSplit(_Strict):

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from training_platform.datasets.builder import parallel_map, write_tables
 from training_platform.datasets.file_spec import FORMATS, RESERVED_COLUMNS, FileColumns, FileSplit
-from training_platform.datasets.manifest import LABEL, ROW_ID, SPLITS, SnapshotManifest
+from training_platform.datasets.manifest import IMAGE, LABEL, ROW_ID, SPLITS, TEXT, SnapshotManifest
 from training_platform.datasets.store import SnapshotRoot, get_object, load_manifest, put_object
 from training_platform.errors import CheckpointError, SnapshotError
 
@@ -150,6 +150,7 @@ def check_source(source: FileSource) -> None:
     schemas = [m.schema.to_arrow_schema() for m in metadata] or [_csv_schema(file) for file in files]
     schema = _agreed_schema([(file.name, found) for file, found in zip(files, schemas, strict=True)], source.uri)
     _check_declared(source, schema.names)
+    _check_role_types(source, schema)
     if not metadata:
         return
     nulls = sum(_null_count(m, source.columns.label) for m in metadata)
@@ -362,22 +363,27 @@ def _write(source: FileSource, table: pa.Table, root: SnapshotRoot, content_key:
     if table.num_rows == 0:
         raise SnapshotError(f"dataset.source {source.uri} has no rows; add data to its files")
     features = _feature_columns(source, table)
+    roles = _role_columns(source, table)
     labels, names = _labels(table, source)
     split_rows = _split_rows(table, source)
     feature_table = table.select(features)
     integers = all(pa.types.is_integer(kind) for kind in feature_table.schema.types)
     ranges = dict(zip(features, parallel_map(_range, feature_table.columns), strict=True))
-    low, high = min(lo for lo, _ in ranges.values()), max(hi for _, hi in ranges.values())
-    shard_rows = max(1, SHARD_BYTES // (feature_table.nbytes // table.num_rows + 16))  # + row_id and label
+    low, high = min((lo for lo, _ in ranges.values()), default=0), max((hi for _, hi in ranges.values()), default=0)
+    kept = pa.Table.from_arrays([*feature_table.columns, *roles.values()], names=[*features, *roles])
+    shard_rows = max(1, SHARD_BYTES // (kept.nbytes // table.num_rows + 16))  # + row_id and label
     # Each split's rows, in row order, by Arrow's filter: chunk by chunk, into memory its pool reuses (a gather
     # into fresh arrays spent more time in the kernel, faulting pages in, than copying).
     tables = {}
     for split, rows in split_rows.items():
         mask = pa.array(_mask(rows, table.num_rows))
-        columns = parallel_map(lambda column, mask=mask: column.filter(mask), feature_table.columns)
-        row_ids, split_labels = pa.array(rows.astype(np.int64)), pa.array(labels[rows])
-        tables[split] = pa.Table.from_arrays([row_ids, *columns, split_labels], names=[ROW_ID, *features, LABEL])
-    del table, feature_table  # the caller keeps no reference: the encoders reuse its memory
+        filtered = parallel_map(lambda column, mask=mask: column.filter(mask), kept.columns)
+        own, by_role = filtered[: len(features)], filtered[len(features) :]
+        tables[split] = pa.Table.from_arrays(
+            [pa.array(rows.astype(np.int64)), *own, pa.array(labels[rows]), *by_role],
+            names=[ROW_ID, *features, LABEL, *roles],
+        )
+    del table, feature_table, kept  # the caller keeps no reference: the encoders reuse its memory
     return write_tables(
         root,
         tables,
@@ -411,6 +417,8 @@ def _range(column: pa.ChunkedArray) -> tuple[float, float]:
 def _check_declared(source: FileSource, found: list[str]) -> None:
     columns, split = source.columns, source.split
     declared = {"dataset.columns.label": [columns.label], "dataset.columns.features": columns.features or []}
+    declared |= {"dataset.columns.text": [columns.text] if columns.text else []}
+    declared |= {"dataset.columns.image": [columns.image] if columns.image else []}
     declared |= {"dataset.split.column": [split.column] if split.column else []}
     declared |= {"dataset.split.key": [split.key] if split.key else []}
     for where, names in declared.items():
@@ -425,8 +433,8 @@ def _check_declared(source: FileSource, found: list[str]) -> None:
 def _feature_columns(source: FileSource, table: pa.Table) -> list[str]:
     columns, split = source.columns, source.split
     _check_declared(source, table.column_names)
-    others = {columns.label, split.column, split.key}
-    features = columns.features or [
+    others = {columns.label, split.column, split.key, columns.text, columns.image}
+    features = columns.features if columns.features is not None else [
         name for name in table.column_names if name not in others and _numeric(table.schema.field(name).type)
     ]
     for name in features:
@@ -441,9 +449,36 @@ def _feature_columns(source: FileSource, table: pa.Table) -> list[str]:
                 f"{source.uri}: feature column {name!r} is {kind}, not numeric; list the numeric features in "
                 "dataset.columns.features"
             )
-    if not features:
-        raise SnapshotError(f"{source.uri} has no numeric columns besides the label; add features to the files")
+    if not features and columns.text is None and columns.image is None:
+        raise SnapshotError(
+            f"{source.uri} has no numeric columns besides the label; add features to the files, or name a text or "
+            "image column in dataset.columns"
+        )
     return features
+
+
+def _role_columns(source: FileSource, table: pa.Table) -> dict[str, pa.ChunkedArray]:
+    """The text and image columns the spec names, by role, as string and binary."""
+    _check_role_types(source, table.schema)
+    kinds = {TEXT: pa.string(), IMAGE: pa.binary()}
+    return {role: table.column(name).cast(kinds[role]) for role, name in _roles(source).items()}
+
+
+def _roles(source: FileSource) -> dict[str, str]:
+    named = {TEXT: source.columns.text, IMAGE: source.columns.image}
+    return {role: name for role, name in named.items() if name is not None}
+
+
+def _check_role_types(source: FileSource, schema: pa.Schema) -> None:
+    for role, name in _roles(source).items():
+        kind = schema.field(name).type
+        if role == TEXT and not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise SnapshotError(f"{source.uri}: dataset.columns.text {name!r} is {kind}; it must hold strings")
+        if role == IMAGE and not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+            raise SnapshotError(
+                f"{source.uri}: dataset.columns.image {name!r} is {kind}; it must hold each image's encoded bytes "
+                "(PNG, JPEG: a binary column)"
+            )
 
 
 def _numeric(kind: pa.DataType) -> bool:

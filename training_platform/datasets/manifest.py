@@ -21,6 +21,10 @@ from training_platform.errors import SnapshotError
 FORMAT_VERSION = 1
 ROW_ID = "row_id"
 LABEL = "label"
+TEXT = "text"
+IMAGE = "image"
+ROLE_COLUMNS = (TEXT, IMAGE)
+"""Columns a file source keeps by role beside its numeric features: a row's text, an image's encoded bytes."""
 SPLITS = ("train", "validation", "test")
 
 
@@ -68,7 +72,12 @@ class SnapshotManifest:
 
     @property
     def feature_columns(self) -> list[str]:
-        return [name for name in self.schema if name not in (ROW_ID, LABEL)]
+        return [name for name in self.schema if name not in (ROW_ID, LABEL, *ROLE_COLUMNS)]
+
+    @property
+    def role_columns(self) -> list[str]:
+        """The text and image columns this snapshot holds (a file source's, by `dataset.columns`)."""
+        return [name for name in ROLE_COLUMNS if name in self.schema]
 
     @property
     def split_names(self) -> list[str]:

@@ -17,15 +17,22 @@ def read_split(
     """Features (float32, scaled to [0, 1]; unscaled: int64 as stored, e.g. token ids) and labels (int64) of
     one split, in row_id order."""
     manifest = load_manifest(root, snapshot_id)
-    table = read_split_table(root, manifest, split)
+    return split_arrays(read_split_table(root, manifest, split), manifest, split, scaled=scaled)
+
+
+def split_arrays(
+    table: pa.Table, manifest: SnapshotManifest, split: str, *, scaled: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """A split table's features and labels as read_split gives them (no features: a (rows, 0) array)."""
     for name in table.column_names:
         # Nulls would silently become NaN features; refuse them and point at the validator.
         if table.column(name).null_count:
             raise SnapshotError(
-                f"split {split!r} of snapshot {snapshot_id} has nulls in column {name!r}; "
+                f"split {split!r} of snapshot {manifest.snapshot_id} has nulls in column {name!r}; "
                 f"run validate_snapshot for the full report and rebuild the snapshot"
             )
-    features = np.stack([table.column(name).to_numpy() for name in manifest.feature_columns], axis=1)
+    columns = [table.column(name).to_numpy() for name in manifest.feature_columns]
+    features = np.stack(columns, axis=1) if columns else np.empty((table.num_rows, 0), dtype=np.float32)
     labels = table.column(LABEL).to_numpy().astype(np.int64, copy=False)
     if not scaled:
         return features.astype(np.int64), labels
@@ -35,6 +42,8 @@ def read_split(
 def scale_features(features: np.ndarray, manifest: SnapshotManifest, columns: list[str] | None = None) -> np.ndarray:
     """Features in [0, 1]: each by its own range where the manifest has them, else all by feature_max.
     COLUMNS: the features' names, where they are not all the manifest's feature columns."""
+    if not features.shape[1]:
+        return features  # a snapshot of text or images only
     if manifest.feature_ranges is None:
         return features / np.float32(manifest.feature_max)
     names = columns or manifest.feature_columns

@@ -46,6 +46,8 @@ _DETAIL_KEYS = (
     "details",
 )
 _MAX_LISTED = 10
+_VALUE_TYPES = {"string": "str", "binary": "bytes"}
+"""Arrow types whose pandas column holds Python objects: GX checks each value's type name."""
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,7 @@ def _row_expectations(manifest: SnapshotManifest) -> list:
         expectations.append(gxe.ExpectColumnValuesToNotBeNull(column=column, meta={"check": "no nulls"}))
         expectations.append(
             gxe.ExpectColumnValuesToBeOfType(
-                column=column, type_=type_name, meta={"check": "type as in the manifest"}
+                column=column, type_=_VALUE_TYPES.get(type_name, type_name), meta={"check": "type as in the manifest"}
             )
         )
     for column in manifest.feature_columns:

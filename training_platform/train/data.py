@@ -48,6 +48,12 @@ def evaluate(model: nn.Module, features: torch.Tensor, labels: torch.Tensor) -> 
 
 
 def build_data(session: TrainingSession, manifest: SnapshotManifest, template: ModuleType) -> TrainData:
+    if manifest.role_columns:
+        raise ValueError(
+            f"model template {session.spec.model.template!r} reads numeric features, and snapshot "
+            f"{manifest.snapshot_id[:12]} holds {' and '.join(manifest.role_columns)}: train it with your own script "
+            "(entrypoint.script), which reads them as batch.text / batch.image"
+        )
     task = getattr(template, "TASK", "classification")
     if task == "causal_lm":
         return _language_model_data(session, manifest, template)

@@ -16,16 +16,45 @@ from typing import NamedTuple
 
 import torch
 
-from training_platform.datasets import SnapshotManifest, load_manifest, read_split
-from training_platform.datasets.manifest import LABEL
-from training_platform.datasets.reader import scale_features
+from training_platform.datasets import SnapshotManifest, load_manifest
+from training_platform.datasets.manifest import IMAGE, LABEL, TEXT
+from training_platform.datasets.reader import read_split_table, scale_features, split_arrays
 from training_platform.datasets.store import SnapshotRoot
 from training_platform.datasets.stream import StepBatches, StreamPlan, batch_loader
 from training_platform.datasets.text import holds_tokens
 from training_platform.train.sampler import StepSampler
 
-Batch = tuple[torch.Tensor, torch.Tensor]
 MAX_PREFETCH_WORKERS = 2
+
+
+class Batch(tuple):
+    """`features, labels = batch`, as always; `batch.text` / `batch.image`: the rows' text (str) and encoded
+    images (bytes), in the same order, where the snapshot has a text or image column (else None)."""
+
+    text: list[str] | None
+    image: list[bytes] | None
+
+    def __new__(
+        cls,
+        features: torch.Tensor,
+        labels: torch.Tensor,
+        text: list[str] | None = None,
+        image: list[bytes] | None = None,
+    ) -> Batch:
+        batch = super().__new__(cls, (features, labels))
+        batch.text, batch.image = text, image
+        return batch
+
+    def __getnewargs__(self) -> tuple:  # pickled whole (a DataLoader worker's batch), not as a bare pair
+        return (self[0], self[1], self.text, self.image)
+
+    @property
+    def features(self) -> torch.Tensor:
+        return self[0]
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self[1]
 
 
 def prefetch_workers(procs_per_node: int, cores: int | None = None) -> int:
@@ -51,12 +80,23 @@ class SplitBatches:
     snapshot's features are its int64 token ids (a window of text per row), its label the token that follows."""
 
     def __init__(
-        self, features: torch.Tensor, labels: torch.Tensor, sampling: Sampling, label_names: list[str], split: str
+        self,
+        features: torch.Tensor,
+        labels: torch.Tensor,
+        sampling: Sampling,
+        label_names: list[str],
+        split: str,
+        roles: dict[str, list] | None = None,
     ):
         self.features, self.labels, self._sampling = features, labels, sampling
         self.label_names = label_names
         """Class i's name: the snapshot's string labels, else "0", "1", ..."""
         self.split = split
+        roles = roles or {}
+        self.text: list[str] | None = roles.get(TEXT)
+        """The whole split's text, where the snapshot has a text column."""
+        self.image: list[bytes] | None = roles.get(IMAGE)
+        """The whole split's encoded images, where the snapshot has an image column."""
 
     @cached_property
     def sampler(self) -> StepSampler:
@@ -71,17 +111,21 @@ class SplitBatches:
         cls, root: SnapshotRoot, snapshot_id: str, split: str, *, batch_size: int, rank: int, world_size: int, seed: int
     ) -> SplitBatches:
         manifest = load_manifest(root, snapshot_id)
-        arrays = read_split(root, snapshot_id, split, scaled=not holds_tokens(manifest))
+        table = read_split_table(root, manifest, split)
+        arrays = split_arrays(table, manifest, split, scaled=not holds_tokens(manifest))
         features, labels = (torch.from_numpy(array) for array in arrays)
         names = manifest.label_names or [str(index) for index in range(manifest.num_classes)]
-        return cls(features, labels, Sampling(batch_size, rank, world_size, seed), names, split)
+        roles = {name: table.column(name).to_pylist() for name in manifest.role_columns}
+        return cls(features, labels, Sampling(batch_size, rank, world_size, seed), names, split, roles)
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, step: int) -> Batch:
         rows = self.sampler.indices(step)
-        return self.features[rows], self.labels[rows]
+        text = [self.text[row] for row in rows.tolist()] if self.text is not None else None
+        image = [self.image[row] for row in rows.tolist()] if self.image is not None else None
+        return Batch(self.features[rows], self.labels[rows], text, image)
 
     def from_step(self, step: int, stop: int | None = None) -> Iterator[Batch]:
         """Batches for steps [step, stop); without `stop`, without end (the loop decides when to stop)."""
@@ -130,6 +174,11 @@ class SplitStream:
         manifest = load_manifest(root, snapshot_id)
         if split not in manifest.splits:
             raise ValueError(f"snapshot {snapshot_id} has no split {split!r}; valid: {', '.join(manifest.split_names)}")
+        if manifest.role_columns:
+            raise ValueError(
+                f"snapshot {snapshot_id} has {' and '.join(manifest.role_columns)}: a streamed split reads numeric "
+                "columns only; read it with session.dataset(split) (in memory: batch.text, batch.image)"
+            )
         features = columns or manifest.feature_columns
         unknown = [name for name in features if name not in manifest.feature_columns]
         if unknown:
@@ -166,7 +215,7 @@ class SplitStream:
     def _batch(self, rows: torch.Tensor) -> Batch:
         features, labels = rows[:, :-1], rows[:, -1].long()
         if self._tokens:
-            return features, labels
+            return Batch(features, labels)
         names = self.batches.columns[:-1]
         scaled = scale_features(features.numpy().astype("float32"), self.manifest, names)
-        return torch.from_numpy(scaled), labels
+        return Batch(torch.from_numpy(scaled), labels)

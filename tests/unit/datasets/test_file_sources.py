@@ -286,3 +286,88 @@ def test_tp_train_refuses_from_footers_what_the_build_would_fail_on(tmp_path):
     pa_csv.write_csv(table.drop_columns(["x"]), tmp_path / "csv" / "b.csv")
     with pytest.raises(SnapshotError, match=r"b.csv has columns \(none more\) and lacks x of .*a.csv"):
         check_source(FileSource(uri=str(tmp_path / "csv"), columns=columns))
+
+
+def _reviews(rows: int = 60) -> pa.Table:
+    """Short reviews with a sentiment, a numeric feature, and a tiny 'image' (bytes) per row."""
+    words = ["good", "bad", "fine", "awful", "great", "dull"]
+    return pa.table({
+        "review_id": pa.array(range(rows), pa.int64()),
+        "body": [f"{words[n % 6]} film, take {n}" for n in range(rows)],
+        "stars": [float(n % 5) for n in range(rows)],
+        "thumbnail": pa.array([bytes([137, 80, 78, 71, n % 256]) for n in range(rows)], pa.binary()),
+        "sentiment": ["positive" if n % 6 in (0, 2, 4) else "negative" for n in range(rows)],
+    })
+
+
+def test_text_and_image_columns_are_kept_by_role_and_read_with_their_batches(tmp_path):
+    from training_platform.train.split_data import SplitBatches
+
+    reviews = _reviews()
+    pq.write_table(reviews, tmp_path / "reviews.parquet")
+    columns = FileColumns(label="sentiment", features=["stars"], text="body", image="thumbnail")
+    source = FileSource(uri=str(tmp_path / "reviews.parquet"), columns=columns, split=FileSplit(key="review_id"))
+    manifest = build_file_snapshot(source, tmp_path / "snap").manifest
+    assert list(manifest.schema) == [ROW_ID, "stars", LABEL, "text", "image"]
+    assert (manifest.schema["text"], manifest.schema["image"]) == ("string", "binary")
+    assert manifest.feature_columns == ["stars"] and manifest.num_features == 1
+    assert manifest.role_columns == ["text", "image"] and manifest.label_names == ["negative", "positive"]
+    report = validate_snapshot(tmp_path / "snap", manifest.snapshot_id)
+    assert report.success, report.summary()
+
+    data = SplitBatches.load(tmp_path / "snap", manifest.snapshot_id, "train", batch_size=8, rank=0, world_size=1,
+                             seed=3)
+    batch = data[2]
+    features, labels = batch  # unpacks as every batch does
+    assert features.shape == (8, 1) and len(batch.text) == len(batch.image) == 8
+    by_body = {row["body"]: row for row in reviews.to_pylist()}
+    for text, image, label, stars in zip(batch.text, batch.image, labels.tolist(), features[:, 0].tolist(),
+                                         strict=True):
+        row = by_body[text]  # the same row's image, label and feature as its text
+        assert image == row["thumbnail"] and data.label_names[label] == row["sentiment"]
+        assert stars == pytest.approx(row["stars"] / 4)  # scaled by its range, 0..4
+
+    # Text alone (features: []) is a snapshot too; the streamed reader says how to read it instead.
+    text_only = FileSource(uri=str(tmp_path / "reviews.parquet"),
+                           columns=FileColumns(label="sentiment", features=[], text="body"))
+    only = build_file_snapshot(text_only, tmp_path / "snap").manifest
+    assert only.feature_columns == [] and only.role_columns == ["text"]
+    test = SplitBatches.load(tmp_path / "snap", only.snapshot_id, "test", batch_size=4, rank=0, world_size=1, seed=0)
+    assert test.features.shape == (only.rows["test"], 0) and len(test.text) == only.rows["test"]
+    from training_platform.train.split_data import SplitStream
+
+    with pytest.raises(ValueError, match=r"has text: a streamed split reads numeric columns only; read it with "
+                                         r"session.dataset\(split\)"):
+        SplitStream.load(tmp_path / "snap", only.snapshot_id, "train", batch_size=4, rank=0, world_size=1, seed=0)
+
+
+def test_role_columns_of_the_wrong_kind_are_refused_naming_the_column(tmp_path):
+    from training_platform.datasets.files import check_source
+
+    pq.write_table(_reviews(), tmp_path / "reviews.parquet")
+    uri = str(tmp_path / "reviews.parquet")
+    for columns, message in [
+        (FileColumns(label="sentiment", text="stars"), r"dataset.columns.text 'stars' is double; it must hold strings"),
+        (FileColumns(label="sentiment", image="body"),
+         r"dataset.columns.image 'body' is string; it must hold each image's encoded bytes"),
+        (FileColumns(label="sentiment", text="caption"), r"dataset.columns.text: column 'caption' is not in"),
+    ]:
+        for step in (check_source, lambda source: build_file_snapshot(source, tmp_path / "snap")):
+            with pytest.raises(SnapshotError, match=message):
+                step(FileSource(uri=uri, columns=columns))
+    with pytest.raises(ValidationError, match="column 'body' is both the text and the image"):
+        FileColumns(label="sentiment", text="body", image="body")
+    with pytest.raises(ValidationError, match="column 'body' is the text; take it out of features"):
+        FileColumns(label="sentiment", text="body", features=["body", "stars"])
+    with pytest.raises(ValidationError, match="dataset.columns.features is empty"):
+        FileColumns(label="sentiment", features=[])
+
+
+def test_a_model_template_is_refused_a_text_column_before_launch():
+    from training_platform.errors import SpecError
+    from training_platform.spec import parse_spec
+
+    dataset = {"source": "./reviews.parquet", "columns": {"label": "sentiment", "text": "body"}}
+    with pytest.raises(SpecError, match=r"dataset.columns.text: model templates read numeric features only; train "
+                                        r"your own script \(entrypoint.script\), which reads the text as batch.text"):
+        parse_spec({"name": "reviews", "team": "nlp", "owner": "ada", "dataset": dataset})
