@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
-from training_platform.datasets import read_split
 from training_platform.train.adapters.lightning import PlatformCallback
 from training_platform.train.sampler import StepSampler
 from training_platform.train.session import TrainingSession
@@ -58,18 +57,15 @@ class StepBatches(Sampler):
 
 def main() -> None:
     session = TrainingSession.start()
-    spec, cfg = session.spec, session.spec.training
-    features, labels = (
-        torch.from_numpy(a) for a in read_split(session.snapshot_root, spec.dataset.snapshot_id, "train")
-    )
+    cfg = session.spec.training
+    data = session.dataset("train")  # its sampler: this rank's rows at each step, reshuffled each epoch
     torch.manual_seed(cfg.seed)
-    module = Classifier(features.shape[1], cfg.learning_rate)
+    module = Classifier(data.num_features, cfg.learning_rate)
 
     callback = PlatformCallback(session, session.run_dir / "lightning")
     ckpt_path = callback.resume_from()
-    start = session.resumed_from_step or 0
-    sampler = StepSampler(len(labels), cfg.batch_size, session.dist.rank, session.dist.world_size, cfg.seed)
-    loader = DataLoader(TensorDataset(features, labels), batch_sampler=StepBatches(sampler, start, cfg.max_steps))
+    batches = StepBatches(data.sampler, callback.start_step, cfg.max_steps)
+    loader = DataLoader(TensorDataset(data.features, data.labels), batch_sampler=batches)
     trainer = L.Trainer(
         max_steps=cfg.max_steps,
         max_epochs=-1,

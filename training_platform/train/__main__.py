@@ -45,10 +45,10 @@ def main(argv: list[str] | None = None) -> None:
         # Metrics still buffered when a script ends without finish() (an early exit, an error) reach MLflow.
         session = _current_session()
         if session is not None:
-            session.reporter.flush_metrics()
+            session.hooks.reporter.flush_metrics()
     session = _current_session()
-    if session is not None and session.exit_code:  # the script returned after after_step() said to stop
-        sys.exit(session.exit_code)
+    if session is not None and session.hooks.exit_code:  # the script returned after after_step() said to stop
+        sys.exit(session.hooks.exit_code)
 
 
 def script_to_run(entrypoint: EntrypointSpec, run_dir: Path) -> str:
@@ -85,15 +85,15 @@ def _report_failure(exc: BaseException) -> None:
     session = _current_session()
     if session is None:
         return
-    session.flush()  # a checkpoint the code saved before it failed is not lost
+    session.hooks.flush()  # a checkpoint the code saved before it failed is not lost
     if not isinstance(exc, SystemExit):
-        session.reporter.fail(exc)
+        session.hooks.reporter.fail(exc)
 
 
 def _current_session():
     """The process's TrainingSession, if the script started one (without importing the SDK otherwise)."""
     session_module = sys.modules.get("training_platform.train.session")
-    return session_module.TrainingSession.current if session_module else None
+    return session_module.TrainingSession.running() if session_module else None
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ def _language_model_data(session: TrainingSession, manifest: SnapshotManifest, t
     # Validation: the same fixed batches on every rank (as one rank of one), so the metric does not depend on
     # world size.
     sampling = {"batch_size": cfg.batch_size, "rank": 0, "world_size": 1, "seed": cfg.seed}
-    root, snapshot_id = session.snapshot_root, manifest.snapshot_id
+    root, snapshot_id = session.hooks.snapshot_root, manifest.snapshot_id
     validation = SplitStream.load(root, snapshot_id, "validation", columns=columns, **sampling)
     val_steps = min(VAL_BATCHES, validation.batches.plan.steps_in_epoch(0))
     val_rows = [validation[step][0] for step in range(val_steps)]

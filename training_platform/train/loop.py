@@ -34,7 +34,7 @@ def build_optimizer(params: Iterable[nn.Parameter], cfg: TrainingSpec) -> torch.
 
 def train(session: TrainingSession) -> dict:
     spec, cfg = session.spec, session.spec.training
-    manifest = load_manifest(session.snapshot_root, spec.dataset.snapshot_id)
+    manifest = load_manifest(session.hooks.snapshot_root, spec.dataset.snapshot_id)
     template = get_template(spec.model.template)
     data = build_data(session, manifest, template)
 
@@ -49,7 +49,7 @@ def train(session: TrainingSession) -> dict:
     val_metrics: dict[str, float] = {}
     final_weights = None
     while step < cfg.max_steps:
-        with meter.waiting_for_data(), session.data_wait():  # session: run telemetry, slow-data drills
+        with meter.waiting_for_data(), session.hooks.data_wait():  # session: run telemetry, slow-data drills
             inputs, targets = next(batches)
         loss = data.loss(strategy.forward(inputs), targets)
         strategy.step(loss)
@@ -62,7 +62,7 @@ def train(session: TrainingSession) -> dict:
             metrics.update(val_metrics)
         if metrics:
             session.report(step, metrics | {"epoch": float(data.epoch(step - 1))})
-        saved = session.should_checkpoint(step)
+        saved = session.hooks.should_checkpoint(step)
         if saved:
             # The last checkpoint also holds the full weights, gathered here on the workers: what the
             # orchestrator evaluates and registers, without reading shards (or unpickling anything).
@@ -71,7 +71,7 @@ def train(session: TrainingSession) -> dict:
         if step < cfg.max_steps and session.should_stop():
             if not saved:
                 strategy.save(step, val_metrics)
-            session.exit_preempted(step)
+            session.hooks.exit_preempted(step)
 
     if session.dist.is_main:  # the loop's own figures, for benchmarks and `tp` (run telemetry has the rest)
         (session.run_dir / LOOP_SUMMARY).write_text(json.dumps(meter.summary()))

@@ -67,29 +67,29 @@ MetricsOrMaker = Mapping[str, float | torch.Tensor] | Callable[[], Mapping[str, 
 
 @dataclass
 class TrainingSession:
-    current: ClassVar[TrainingSession | None] = None  # the process's session, for failure reporting
+    _current: ClassVar[TrainingSession | None] = None  # the process's session, for failure reporting
 
     spec: TrainSpec
     run_id: str
     run_dir: Path
-    home: PlatformHome
+    _home: PlatformHome
     dist: distributed.DistInfo
-    reporter: Reporter
-    checkpoints: list[dict] = field(default_factory=list)
-    resumed_from_step: int | None = None
-    telemetry: WorkerTelemetry | None = None
+    _reporter: Reporter
+    _checkpoints: list[dict] = field(default_factory=list)
+    _resumed_from_step: int | None = None
+    _telemetry: WorkerTelemetry | None = None
     _stop_requested: bool = False
     _signal_at: float | None = None
     _stepped: bool = False
-    pruning: Any = None  # TrialPruning when this run is a sweep trial (main rank only)
+    _pruning: Any = None  # TrialPruning when this run is a sweep trial (main rank only)
     _prune_requested: bool = False
     _started: float = field(default_factory=time.monotonic)
-    evaluation: EvaluationRequest | None = None  # set when the script was started to evaluate a checkpoint
+    _evaluation: EvaluationRequest | None = None  # set when the script was started to evaluate a checkpoint
     _evaluator: Evaluator | None = None
     _model_logger: ModelLogger | None = None  # set by a framework adapter (hooks.log_model_with)
     _stopped_at: int | None = None  # the step after_step stopped the run at
     _ended: bool = False
-    exit_code: int = 0
+    _exit_code: int = 0
     """What the worker exits with once the script returns: a run stopped for preemption exits as PREEMPTED."""
 
     # ----- start --------------------------------------------------------------------------
@@ -106,16 +106,16 @@ class TrainingSession:
             spec=spec,
             run_id=run_id,
             run_dir=spec_path.parent,
-            home=PlatformHome.from_env(),
+            _home=PlatformHome.from_env(),
             dist=info,
-            reporter=Reporter(enabled=info.is_main, run_dir=spec_path.parent, run_id=run_id),
-            evaluation=evaluation,
+            _reporter=Reporter(enabled=info.is_main, run_dir=spec_path.parent, run_id=run_id),
+            _evaluation=evaluation,
         )
         session.hooks.take_signals()
-        TrainingSession.current = session
+        TrainingSession._current = session
         if evaluation is None:
             session._watch_spot_notices()
-        session.telemetry = WorkerTelemetry.start(
+        session._telemetry = WorkerTelemetry.start(
             spec, run_id, spec_path.parent, info.rank, info.local_rank, info.local_world_size
         )
         session._event(
@@ -124,7 +124,7 @@ class TrainingSession:
             restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
             requeues=int(os.environ.get("SLURM_RESTART_COUNT", 0)),
         )
-        session.reporter.info(
+        session._reporter.info(
             f"run {run_id}: {info.world_size} process(es), backend {info.backend}, device {info.device.type}"
         )
         if evaluation is None:
@@ -135,6 +135,11 @@ class TrainingSession:
     def hooks(self) -> SessionHooks:
         """For strategies, framework adapters and the template loop (train/hooks.py), not for scripts."""
         return _Hooks(self)
+
+    @classmethod
+    def running(cls) -> TrainingSession | None:
+        """The process's session once started (the worker reports a script's failure through it)."""
+        return cls._current
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._stop_requested = True
@@ -159,21 +164,21 @@ class TrainingSession:
             RunEvents(self.run_dir).append(kind, **fields)
 
     @cached_property
-    def checkpoint_key(self) -> str:
+    def _checkpoint_key(self) -> str:
         """Where this attempt's checkpoints live in the store: the run id, or a reproduction's own key."""
-        if self.evaluation is not None:
-            return self.evaluation.checkpoint_key
+        if self._evaluation is not None:
+            return self._evaluation.checkpoint_key
         return os.environ.get("TP_CHECKPOINT_KEY") or self.run_id
 
     @cached_property
-    def store(self) -> CheckpointStore:
-        if self.evaluation is not None:
-            return open_store(self.evaluation.store_uri)
-        return open_store(self.spec.checkpoint.store_uri or self.home.checkpoints)
+    def _store(self) -> CheckpointStore:
+        if self._evaluation is not None:
+            return open_store(self._evaluation.store_uri)
+        return open_store(self.spec.checkpoint.store_uri or self._home.checkpoints)
 
     @property
-    def snapshot_root(self) -> Path | str:
-        return self.home.snapshots
+    def _snapshot_root(self) -> Path | str:
+        return self._home.snapshots
 
     def dataset(
         self,
@@ -202,11 +207,11 @@ class TrainingSession:
         }
         if stream:
             workers = prefetch_workers(self.spec.resources.procs_per_node)
-            root = self.snapshot_root
+            root = self._snapshot_root
             return SplitStream.load(root, snapshot_id, split, columns=columns, workers=workers, **sampling)
         if columns is not None:
             raise ValueError("session.dataset(columns=...) selects the columns of a streamed split: add stream=True")
-        return SplitBatches.load(self.snapshot_root, snapshot_id, split, **sampling)
+        return SplitBatches.load(self._snapshot_root, snapshot_id, split, **sampling)
 
     def evaluate_with(self, evaluator: Evaluator) -> None:
         """How the run's model is measured on a test split: `evaluator(model, data)` returns the metrics the
@@ -216,25 +221,25 @@ class TrainingSession:
 
     # ----- progress -----------------------------------------------------------------------
     def report(self, step: int, metrics: dict[str, float]) -> None:
-        self.reporter.metrics(step, metrics)
-        if self.pruning is not None and self.pruning.report(step, metrics):
+        self._reporter.metrics(step, metrics)
+        if self._pruning is not None and self._pruning.report(step, metrics):
             self._prune_requested = True
-        self.telemetry.record(step, metrics)
+        self._telemetry.record(step, metrics)
         self._event("progress", step=step)
 
-    def data_wait(self) -> AbstractContextManager[None]:
+    def _data_wait(self) -> AbstractContextManager[None]:
         """Wrap each step's batch fetch: measures data wait and step time (telemetry)."""
-        return self.telemetry.clock.data_wait()
+        return self._telemetry.clock.data_wait()
 
-    def should_checkpoint(self, step: int) -> bool:
+    def _should_checkpoint(self, step: int) -> bool:
         """True at the steps to checkpoint, the same on every rank; call it once per step."""
-        if self.evaluation is not None or not self.cadence.due(step):
+        if self._evaluation is not None or not self._cadence.due(step):
             return False
-        self.cadence.saved(step)
+        self._cadence.saved(step)
         return True
 
     @cached_property
-    def cadence(self) -> CheckpointCadence:
+    def _cadence(self) -> CheckpointCadence:
         checkpoint = self.spec.checkpoint
         default_mtbf = SPOT_MTBF_SECONDS if self.spec.resources.spot else ON_DEMAND_MTBF_SECONDS
         return CheckpointCadence(
@@ -252,8 +257,8 @@ class TrainingSession:
             gc.freeze()
         agreed = self._stop_agreement.poll(self._stop_requested, self._prune_requested, self._proposed_interval())
         if agreed.checkpoint_every is not None:  # the ranks checked at this step
-            self.cadence.step_timed(self._stop_agreement.step_seconds)
-            if self.cadence.adopt(agreed.checkpoint_every) and self.dist.is_main:  # the others only follow
+            self._cadence.step_timed(self._stop_agreement.step_seconds)
+            if self._cadence.adopt(agreed.checkpoint_every) and self.dist.is_main:  # the others only follow
                 self._announce_interval()
         if agreed.stop:  # every rank gets here together, so they all learn whether it is a prune
             self._prune_requested = agreed.prune
@@ -261,20 +266,20 @@ class TrainingSession:
 
     def _proposed_interval(self) -> float:
         """The main rank's checkpoint interval for `every_steps: auto`, from the saves measured so far."""
-        if not (self.cadence.auto and self.dist.is_main):
+        if not (self._cadence.auto and self.dist.is_main):
             return 0.0
         # With the costs of the background saves finished by now (strategies that save collectively
         # report theirs at once, and have no background saver to ask).
-        if self._stop_agreement.checks_next and "checkpointer" in self.__dict__:
-            self.checkpointer.poll()
-        return self.cadence.proposal()
+        if self._stop_agreement.checks_next and "_checkpointer" in self.__dict__:
+            self._checkpointer.poll()
+        return self._cadence.proposal()
 
     def _announce_interval(self) -> None:
-        choice = self.cadence.adopted
+        choice = self._cadence.adopted
         assert choice is not None, "the main rank adopts only what it proposed"
-        self._event("checkpoint_interval", counted_from_step=self.cadence.last_saved, **choice.record())
+        self._event("checkpoint_interval", counted_from_step=self._cadence.last_saved, **choice.record())
         inputs = choice.inputs
-        self.reporter.info(
+        self._reporter.info(
             f"checkpoint every {choice.steps} steps (every_steps: auto): a save costs "
             f"{inputs['checkpoint_save_seconds']:.3f} s, a step {inputs['checkpoint_step_seconds']:.4f} s, "
             f"{inputs['checkpoint_mtbf_seconds']:.0f} s expected between failures"
@@ -299,7 +304,7 @@ class TrainingSession:
         if metrics is not None and step % self.spec.training.log_every == 0:
             reported = metrics() if callable(metrics) else metrics
             self.report(step, {name: float(value) for name, value in reported.items()})
-        due = self.should_checkpoint(step)
+        due = self._should_checkpoint(step)
         stop = step < self.spec.training.max_steps and self.should_stop()
         if due or stop:
             self.save(dict(state() if callable(state) else state), step)
@@ -311,11 +316,11 @@ class TrainingSession:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: Any) -> None:
-        if kind is None and not self._ended and self.evaluation is None:
+        if kind is None and not self._ended and self._evaluation is None:
             raise RuntimeError("the script left `with TrainingSession.start()` without session.finish(model, step, "
                                "metrics): call it after the loop, also when after_step said to stop")
         if kind is not None:
-            self.flush()  # a checkpoint saved before the error is not lost
+            self._flush()  # a checkpoint saved before the error is not lost
 
     # ----- checkpoints --------------------------------------------------------------------
     def save(
@@ -327,17 +332,17 @@ class TrainingSession:
         only once the checkpoint is durable in the store.
         """
         rng_states = distributed.all_gather_rng_states(self.dist)
-        if not self.dist.is_main or self.evaluation is not None:  # an evaluation never writes the run's store
+        if not self.dist.is_main or self._evaluation is not None:  # an evaluation never writes the run's store
             return
         self._last_model_state = state.get("model")  # a reference, for a pruned trial's weights hash
-        with self.telemetry.clock.checkpoint():
-            self.checkpointer.save(step, {"user": state, "rng": rng_states, "step": step}, metrics, wait=wait)
+        with self._telemetry.clock.checkpoint():
+            self._checkpointer.save(step, {"user": state, "rng": rng_states, "step": step}, metrics, wait=wait)
 
     @cached_property
-    def checkpointer(self) -> RunCheckpointer:
+    def _checkpointer(self) -> RunCheckpointer:
         return RunCheckpointer(
-            self.store,
-            self.checkpoint_key,
+            self._store,
+            self._checkpoint_key,
             retention=retention_policy(self.spec.checkpoint),
             background=self.spec.checkpoint.async_save,
             on_saved=self._checkpoint_written,
@@ -347,9 +352,9 @@ class TrainingSession:
     def _checkpoint_written(self, manifest: CheckpointManifest) -> None:
         self._measure_save(manifest)
         summary = manifest.summary()
-        self.checkpoints.append(summary)
+        self._checkpoints.append(summary)
         self._event("checkpoint", step=manifest.step, uri=manifest.uri)
-        self.reporter.progress(
+        self._reporter.progress(
             "checkpoint",
             f"checkpoint step {manifest.step}: {manifest.uri} ({summary.get('bytes_written', 0)} bytes written, "
             f"{summary.get('bytes_deduplicated', 0)} deduplicated)",
@@ -359,12 +364,12 @@ class TrainingSession:
         """What the save cost the loop, for `every_steps: auto`: its stall plus its background time
         (see checkpoints/interval.py), or the time the loop waited for it, whichever is longer."""
         record = manifest.save
-        self.cadence.measured(max(blocked_seconds, record.stall_seconds + record.background_seconds))
+        self._cadence.measured(max(blocked_seconds, record.stall_seconds + record.background_seconds))
 
     def _checkpoint_failed(self, step: int, error: str) -> None:
         # Training goes on: the next save tries again, and the previous checkpoint stays restorable.
         self._event("checkpoint_failed", step=step, error=error)
-        self.reporter.info(f"checkpoint step {step} failed in the background: {error}; the next save retries")
+        self._reporter.info(f"checkpoint step {step} failed in the background: {error}; the next save retries")
 
     def restore(self) -> tuple[dict[str, Any], int] | None:
         """The newest verified checkpoint of this run, with this rank's RNG state restored.
@@ -373,30 +378,30 @@ class TrainingSession:
         has checkpoints and none restores: starting over would save over the progress they hold.
         In an evaluation: the checkpoint it evaluates.
         """
-        if self.evaluation is not None:
-            manifest = exact_checkpoint(self.store, self.evaluation)
-            state = self.store.load(manifest)
+        if self._evaluation is not None:
+            manifest = exact_checkpoint(self._store, self._evaluation)
+            state = self._store.load(manifest)
             distributed.set_rng_state(state["rng"][0])
-            self.resumed_from_step = state["step"]
+            self._resumed_from_step = state["step"]
             return state["user"], state["step"]
-        restored = self.store.restore_latest(self.checkpoint_key)
+        restored = self._store.restore_latest(self._checkpoint_key)
         if restored is None:
             return None
         for step, reason in restored.skipped:
-            self.reporter.info(f"skipped checkpoint step {step}: {reason}")
+            self._reporter.info(f"skipped checkpoint step {step}: {reason}")
         state = restored.state
         rng_states = state["rng"]
         distributed.set_rng_state(rng_states[self.dist.rank % len(rng_states)])
-        self.resumed_from_step = state["step"]
-        self.cadence.saved(state["step"])
-        self.telemetry.start_step = state["step"]
+        self._resumed_from_step = state["step"]
+        self._cadence.saved(state["step"])
+        self._telemetry.start_step = state["step"]
         self._event("resumed", step=state["step"], checkpoint=restored.manifest.uri)
-        self.checkpoints = [m.summary() for m in self.store.list(self.checkpoint_key)]
-        self.reporter.info(f"resumed from checkpoint step {state['step']}: {restored.manifest.uri}")
+        self._checkpoints = [m.summary() for m in self._store.list(self._checkpoint_key)]
+        self._reporter.info(f"resumed from checkpoint step {state['step']}: {restored.manifest.uri}")
         return state["user"], state["step"]
 
     # ----- end ----------------------------------------------------------------------------
-    def exit_preempted(self, step: int) -> None:
+    def _exit_preempted(self, step: int) -> None:
         """Leave after the emergency checkpoint with the status launchers read as PREEMPTED (or PRUNED)."""
         sys.exit(self._leave_stopped(step))
 
@@ -412,9 +417,9 @@ class TrainingSession:
         if self.dist.is_main:
             marker = {"step": step, "at": time.time(), "signal_at": self._signal_at}
             (self.run_dir / PREEMPTED_MARKER).write_text(json.dumps(marker))
-        self.reporter.info(f"preempted at step {step}: emergency checkpoint written, exiting for requeue")
-        self.telemetry.finish("PREEMPTED")
-        self.reporter.close()
+        self._reporter.info(f"preempted at step {step}: emergency checkpoint written, exiting for requeue")
+        self._telemetry.finish("PREEMPTED")
+        self._reporter.close()
         distributed.shutdown()
         return PREEMPTED_EXIT_CODE
 
@@ -424,38 +429,38 @@ class TrainingSession:
         """Write the run's result (rank 0), report it to Dagster, leave the process group. Pass the model (its
         state_dict is accepted too): the platform evaluates and registers the model a script hands over here."""
         self._ended = True
-        if self.evaluation is not None:
+        if self._evaluation is not None:
             return self._finish_evaluation(model, final_step)
         if self._stopped_at is not None:  # after_step said to stop: the run ends preempted (or pruned)
-            self.exit_code = self._leave_stopped(self._stopped_at)
+            self._exit_code = self._leave_stopped(self._stopped_at)
             return {"status": "PRUNED" if self._prune_requested else "PREEMPTED", "step": self._stopped_at}
         model_state = model.state_dict() if isinstance(model, torch.nn.Module) else model
         self._close_checkpointer()
-        if self.cadence.auto and self.cadence.choice is None and final_step > FIRST_AUTO_STEPS:
-            self.reporter.info(
+        if self._cadence.auto and self._cadence.choice is None and final_step > FIRST_AUTO_STEPS:
+            self._reporter.info(
                 f"every_steps: auto chose no interval (no save was measured, or the script does not call "
                 f"should_stop() every step): checkpoints came every {FIRST_AUTO_STEPS} steps"
             )
         num_params = sum(t.numel() for t in model_state.values())
-        telemetry_metadata = self.telemetry.finish_and_report(self.reporter, num_params)
+        telemetry_metadata = self._telemetry.finish_and_report(self._reporter, num_params)
         result = self._result("SUCCEEDED", final_step, weights_sha256(model_state), metrics)
         self._event("finished", step=final_step)
         if self.dist.is_main:
             (self.run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))
-            self.reporter.materialization(_metadata(result) | telemetry_metadata)
-            self.reporter.info(f"finished at step {final_step}: weights {result['final_weights_sha256'][:12]}")
-        self.reporter.close()
+            self._reporter.materialization(_metadata(result) | telemetry_metadata)
+            self._reporter.info(f"finished at step {final_step}: weights {result['final_weights_sha256'][:12]}")
+        self._reporter.close()
         distributed.shutdown()
         return result
 
     def _finish_evaluation(self, model: torch.nn.Module | dict[str, torch.Tensor], final_step: int) -> dict:
-        assert self.evaluation is not None
-        test, request = self.dataset("test"), self.evaluation
+        assert self._evaluation is not None
+        test, request = self.dataset("test"), self._evaluation
         result = evaluate_model(model, test, self._evaluator, request, self.run_dir, final_step, self._model_logger)
         measured = ", ".join(f"{name} {value:.4f}" for name, value in result["metrics"].items())
-        self.reporter.info(f"evaluated the checkpoint of step {final_step}: {measured}")
-        self.telemetry.finish("EVALUATED")
-        self.reporter.close()
+        self._reporter.info(f"evaluated the checkpoint of step {final_step}: {measured}")
+        self._telemetry.finish("EVALUATED")
+        self._reporter.close()
         distributed.shutdown()
         return result
 
@@ -463,35 +468,35 @@ class TrainingSession:
         """The run's result.json: what launchers, assets and `tp` read back."""
         return {
             "run_id": self.run_id,
-            "checkpoint_key": self.checkpoint_key,
+            "checkpoint_key": self._checkpoint_key,
             "status": status,
             "final_step": final_step,
             "final_weights_sha256": weights,
-            "checkpoints": self.live_checkpoints(),
-            "mlflow_run_id": self.reporter.mlflow_run_id,
+            "checkpoints": self._live_checkpoints(),
+            "mlflow_run_id": self._reporter.mlflow_run_id,
             "snapshot_id": self.spec.dataset.snapshot_id,
-            "resumed_from_step": self.resumed_from_step,
+            "resumed_from_step": self._resumed_from_step,
             "world_size": self.dist.world_size,
             "device": self.dist.device.type,
             "train_seconds": round(time.monotonic() - self._started, 3),
             "metrics": metrics,
             # every_steps: auto's last choice and its inputs (None for a fixed interval)
             # What the ranks saved at: a newer proposal the run ended before agreeing on never took effect.
-            "checkpoint_interval": self.cadence.adopted.record() if self.cadence.adopted else None,
+            "checkpoint_interval": self._cadence.adopted.record() if self._cadence.adopted else None,
         }
 
-    def flush(self) -> None:
+    def _flush(self) -> None:
         """Wait until every checkpoint in flight is durable (or reported failed); the worker calls it on errors."""
         self._close_checkpointer()
 
     def _close_checkpointer(self) -> None:
         """Every checkpoint in flight is durable (or reported failed) before the process leaves."""
-        if self.dist.is_main and "checkpointer" in self.__dict__:
-            self.checkpointer.close()
+        if self.dist.is_main and "_checkpointer" in self.__dict__:
+            self._checkpointer.close()
 
-    def live_checkpoints(self) -> list[dict]:
+    def _live_checkpoints(self) -> list[dict]:
         """Checkpoints still in the store (retention may have pruned older ones)."""
-        manifests: list[CheckpointManifest] = self.store.list(self.checkpoint_key)
+        manifests: list[CheckpointManifest] = self._store.list(self._checkpoint_key)
         return [m.summary() for m in manifests]
 
     # ----- sweeps -------------------------------------------------------------------------
@@ -502,7 +507,7 @@ class TrainingSession:
             return
         from training_platform.sweeps.trial import TrialContext, TrialPruning
 
-        self.pruning = TrialPruning(TrialContext.from_env())
+        self._pruning = TrialPruning(TrialContext.from_env())
 
     def _leave_pruned(self, step: int) -> int:
         """A pruned trial ends cleanly (exit 0) after its checkpoint, with status PRUNED in its result."""
@@ -515,16 +520,16 @@ class TrainingSession:
             result = self._result(
                 "PRUNED",
                 step,
-                weights_sha256(model_state) if model_state else self.checkpoints[-1]["sha256"],
-                {self.pruning.context.metric: self.pruning.last_value},
-            ) | {"pruned_at_step": self.pruning.pruned_at}
+                weights_sha256(model_state) if model_state else self._checkpoints[-1]["sha256"],
+                {self._pruning.context.metric: self._pruning.last_value},
+            ) | {"pruned_at_step": self._pruning.pruned_at}
             (self.run_dir / PRUNED_MARKER).write_text(json.dumps({"step": step, "at": time.time()}))
             (self.run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))
-            self.reporter.materialization(_metadata(result))
-            self.reporter.info(f"pruned at step {step}: checkpoint written, trial stopped by the sweep's pruner")
-        if self.telemetry is not None:
-            self.telemetry.finish("PRUNED")
-        self.reporter.close()
+            self._reporter.materialization(_metadata(result))
+            self._reporter.info(f"pruned at step {step}: checkpoint written, trial stopped by the sweep's pruner")
+        if self._telemetry is not None:
+            self._telemetry.finish("PRUNED")
+        self._reporter.close()
         distributed.shutdown()
         return 0
 
@@ -535,39 +540,78 @@ class _Hooks:
     def __init__(self, session: TrainingSession):
         self.session = session
 
+    @property
+    def store(self) -> CheckpointStore:
+        return self.session._store
+
+    @property
+    def checkpoint_key(self) -> str:
+        return self.session._checkpoint_key
+
+    @property
+    def reporter(self) -> Reporter:
+        return self.session._reporter
+
+    @property
+    def snapshot_root(self) -> Path | str:
+        return self.session._snapshot_root
+
+    @property
+    def evaluation(self) -> EvaluationRequest | None:
+        return self.session._evaluation
+
+    @property
+    def exit_code(self) -> int:
+        return self.session._exit_code
+
+    def start_writer(self) -> None:
+        self.session._checkpointer.start()
+
+    def should_checkpoint(self, step: int) -> bool:
+        return self.session._should_checkpoint(step)
+
+    def exit_preempted(self, step: int) -> None:
+        self.session._exit_preempted(step)
+
+    def data_wait(self) -> AbstractContextManager[None]:
+        return self.session._data_wait()
+
+    def flush(self) -> None:
+        self.session._flush()
+
     def take_signals(self) -> None:
         signal.signal(signal.SIGTERM, self.session._on_sigterm)
 
     def restore_candidates(self) -> list[CheckpointManifest]:
         session = self.session
-        if session.evaluation is not None:
-            return [exact_checkpoint(session.store, session.evaluation)]
-        return list(reversed(session.store.list(session.checkpoint_key)))
+        if session._evaluation is not None:
+            return [exact_checkpoint(session._store, session._evaluation)]
+        return list(reversed(session._store.list(session._checkpoint_key)))
 
     def checkpoint_saved(self, manifest: CheckpointManifest, seconds: float = 0.0) -> None:
         session = self.session
         if not session.dist.is_main:
             return
-        session.store.apply_retention(session.checkpoint_key, retention_policy(session.spec.checkpoint))
+        session._store.apply_retention(session._checkpoint_key, retention_policy(session.spec.checkpoint))
         session._measure_save(manifest, seconds)
-        session.telemetry.clock.checkpoint_s += seconds
-        session.checkpoints.append(manifest.summary())
+        session._telemetry.clock.checkpoint_s += seconds
+        session._checkpoints.append(manifest.summary())
         session._event("checkpoint", step=manifest.step, uri=manifest.uri)
-        session.reporter.progress(
+        session._reporter.progress(
             "checkpoint", f"checkpoint step {manifest.step} ({manifest.attributes.get('format')}): {manifest.uri}"
         )
 
     def checkpoint_restored(self, manifest: CheckpointManifest, step: int) -> None:
         session = self.session
-        session.resumed_from_step = step
-        session.cadence.saved(step)
-        session.telemetry.start_step = step
+        session._resumed_from_step = step
+        session._cadence.saved(step)
+        session._telemetry.start_step = step
         session._event("resumed", step=step, checkpoint=manifest.uri)
-        session.checkpoints = [m.summary() for m in session.store.list(session.checkpoint_key)]
-        session.reporter.info(f"resumed from checkpoint step {step}: {manifest.uri}")
+        session._checkpoints = [m.summary() for m in session._store.list(session._checkpoint_key)]
+        session._reporter.info(f"resumed from checkpoint step {step}: {manifest.uri}")
 
     def step_started(self) -> None:
-        self.session.telemetry.clock.step_started()
+        self.session._telemetry.clock.step_started()
 
     def log_model_with(self, logger: ModelLogger) -> None:
         self.session._model_logger = logger

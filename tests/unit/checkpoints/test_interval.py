@@ -45,7 +45,7 @@ def test_invalid_inputs_are_refused(args):
 
 
 def _saves(cadence: CheckpointCadence, steps: range) -> list[int]:
-    """The steps that save, as TrainingSession.should_checkpoint drives the cadence."""
+    """The steps that save, as the session (hooks.should_checkpoint) drives the cadence."""
     saved = []
     for step in steps:
         if cadence.due(step):

@@ -54,7 +54,8 @@ def test_a_text_snapshot_gives_its_token_ids_and_the_tokenizer_that_made_them(tm
     assert 1 < int(test.features.max()) < manifest.num_classes
 
     snapshot = SimpleNamespace(snapshot_id=manifest.snapshot_id)
-    tokenizer = snapshot_tokenizer(SimpleNamespace(snapshot_root=tmp_path, spec=SimpleNamespace(dataset=snapshot)))
+    session = SimpleNamespace(hooks=SimpleNamespace(snapshot_root=tmp_path), spec=SimpleNamespace(dataset=snapshot))
+    tokenizer = snapshot_tokenizer(session)
     chars = load_tokenizer(tmp_path, manifest)
     row = test.features[0]
     # The transformers tokenizer gives exactly the snapshot's ids: newlines and unknown characters too.

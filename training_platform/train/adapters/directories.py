@@ -29,8 +29,9 @@ def save_directory(session: TrainingSession, directory: Path, step: int, began: 
         return
     started = began if began is not None else time.monotonic()
     files = {str(p.relative_to(directory)): p for p in sorted(Path(directory).rglob("*")) if p.is_file()}
-    manifest, _ = session.store.save_files(session.checkpoint_key, step, files, attributes={"format": "directory"})
-    session.hooks.checkpoint_saved(manifest, time.monotonic() - started)
+    hooks = session.hooks
+    manifest, _ = hooks.store.save_files(hooks.checkpoint_key, step, files, attributes={"format": "directory"})
+    hooks.checkpoint_saved(manifest, time.monotonic() - started)
 
 
 def restore_directory(session: TrainingSession, parent: Path, name: str = "checkpoint-{step}") -> Path | None:
@@ -46,7 +47,7 @@ def restore_directory(session: TrainingSession, parent: Path, name: str = "check
         chosen = box[0]
     if chosen is None:
         return None
-    manifest = next(m for m in session.store.list(session.checkpoint_key) if m.step == chosen)
+    manifest = next(m for m in session.hooks.store.list(session.hooks.checkpoint_key) if m.step == chosen)
     target = Path(parent) / name.format(step=chosen)
     if session.dist.local_rank == 0 and not target.is_dir():
         _restore_into(session, manifest, target)
@@ -63,7 +64,7 @@ def _newest_verified(session: TrainingSession, parent: Path, name: str) -> int |
         try:
             _restore_into(session, manifest, parent / name.format(step=manifest.step))
         except CheckpointError as exc:
-            session.reporter.info(f"skipped checkpoint step {manifest.step}: {exc}")
+            session.hooks.reporter.info(f"skipped checkpoint step {manifest.step}: {exc}")
             continue
         return manifest.step
     return None
@@ -73,7 +74,7 @@ def _restore_into(session: TrainingSession, manifest, target: Path) -> None:
     staging = target.with_name(f".{target.name}.{os.getpid()}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        session.store.restore_files(manifest, staging)
+        session.hooks.store.restore_files(manifest, staging)
     except CheckpointError:
         shutil.rmtree(staging, ignore_errors=True)
         raise

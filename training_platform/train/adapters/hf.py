@@ -46,11 +46,11 @@ class PlatformCallback(TrainerCallback):
         """`trainer.train()`, resumed from the run's newest verified checkpoint (a fresh start without one).
         In the platform's evaluation of the run: the evaluated checkpoint's weights, no step trained."""
         checkpoint = restore_directory(self.session, Path(trainer.args.output_dir))
-        if self.session.evaluation is None:
+        if self.session.hooks.evaluation is None:
             return trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         if checkpoint is None:
             raise CheckpointError(
-                f"the checkpoint of step {self.session.evaluation.step} this evaluation names did not restore; "
+                f"the checkpoint of step {self.session.hooks.evaluation.step} this evaluation names did not restore; "
                 "see the log above for why"
             )
         return self._load_evaluated(trainer, checkpoint)
@@ -65,7 +65,7 @@ class PlatformCallback(TrainerCallback):
         # Safetensors only: a pickled pytorch_model.bin from storage is never loaded.
         saved = type(model).from_pretrained(checkpoint, use_safetensors=True)
         model.load_state_dict(saved.state_dict())
-        step = self.session.evaluation.step
+        step = self.session.hooks.evaluation.step
         trainer.state.global_step = step
         if isinstance(trainer.processing_class, PreTrainedTokenizerBase):
             self.session.hooks.log_model_with(_transformers_logger(trainer.processing_class))
@@ -94,7 +94,7 @@ class PlatformCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.preempted:
-            self.session.exit_preempted(state.global_step)
+            self.session.hooks.exit_preempted(state.global_step)
 
 
 def _transformers_logger(tokenizer: PreTrainedTokenizerBase):
@@ -143,7 +143,7 @@ def snapshot_tokenizer(session: TrainingSession) -> PreTrainedTokenizerFast:
     holds, so a model trained on the snapshot generates text through it (and is logged with it)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    root = session.snapshot_root
+    root = session.hooks.snapshot_root
     chars = load_tokenizer(root, load_manifest(root, session.spec.dataset.snapshot_id)).chars
     unknown = chars[0]
     tokenizer = Tokenizer(models.WordLevel(vocab={char: i for i, char in enumerate(chars)}, unk_token=unknown))

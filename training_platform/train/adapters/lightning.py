@@ -29,11 +29,16 @@ class PlatformCallback(L.Callback):
         self.session = session
         self.checkpoint_dir = Path(checkpoint_dir)
         self.preempted = False
+        self.start_step = 0
+        """The step resume_from restored (0: a fresh start): where a step-addressed sampler starts."""
 
     def resume_from(self) -> str | None:
         """The newest verified checkpoint as a path for `trainer.fit(ckpt_path=...)`."""
-        directory = restore_directory(self.session, self.checkpoint_dir / "restored")
-        return str(directory / CHECKPOINT_FILE) if directory else None
+        directory = restore_directory(self.session, self.checkpoint_dir / "restored", "step-{step}")
+        if directory is None:
+            return None
+        self.start_step = int(directory.name.removeprefix("step-"))
+        return str(directory / CHECKPOINT_FILE)
 
     def on_train_start(self, trainer, pl_module):
         # Lightning installs its own SIGTERM handler at fit start; the platform's must win, so that a
@@ -49,7 +54,7 @@ class PlatformCallback(L.Callback):
         if step % self.session.spec.training.log_every == 0:
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
             self.session.report(step, metrics)
-        saved = self.session.should_checkpoint(step)
+        saved = self.session.hooks.should_checkpoint(step)
         if saved:
             self._save(trainer, step)
         if step < trainer.max_steps and self.session.should_stop():
@@ -60,7 +65,7 @@ class PlatformCallback(L.Callback):
 
     def on_train_end(self, trainer, pl_module):
         if self.preempted:
-            self.session.exit_preempted(trainer.global_step)
+            self.session.hooks.exit_preempted(trainer.global_step)
 
     def _save(self, trainer, step: int) -> None:
         directory = self.checkpoint_dir / f"step-{step}"

@@ -22,7 +22,7 @@ class DDPStrategy(Strategy):
         # One process needs no wrapper; DDP's construction broadcast would be a no-op anyway.
         self._wrapped = DistributedDataParallel(self.module) if self.session.dist.world_size > 1 else self.module
         if self.session.dist.is_main:  # saves go through the session's checkpointer: its writer starts now
-            self.session.checkpointer.start()
+            self.session.hooks.start_writer()
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         return self._wrapped(*inputs)

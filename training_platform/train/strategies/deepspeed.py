@@ -114,7 +114,7 @@ class DeepSpeedStrategy(Strategy):
             if session.dist.is_main:
                 files = {str(p.relative_to(staging)): p for p in sorted(staging.rglob("*")) if p.is_file()}
                 attributes = {"format": FORMAT, "zero_stage": self.stage, "world_size": session.dist.world_size}
-                manifest, _ = session.store.save_files(
+                manifest, _ = session.hooks.store.save_files(
                     session.run_id, step, files, metrics, attributes, weights=final_weights
                 )
             _barrier()  # no rank goes on before the checkpoint is visible
@@ -126,7 +126,7 @@ class DeepSpeedStrategy(Strategy):
 
     def restore(self) -> int | None:
         session = self.session
-        checkpoints = list_on_main(session.store, session.run_id)
+        checkpoints = list_on_main(session.hooks.store, session.run_id)
         skipped = list(checkpoints.unreadable.items())
         for manifest in reversed(checkpoints.manifests):
             if manifest.attributes.get("format") != FORMAT:
@@ -136,8 +136,8 @@ class DeepSpeedStrategy(Strategy):
             try:
                 error = None
                 try:
-                    session.store.check_manifest(manifest)
-                    session.store.restore_files(manifest, staging)
+                    session.hooks.store.check_manifest(manifest)
+                    session.hooks.store.restore_files(manifest, staging)
                 except (CheckpointError, OSError) as exc:
                     error = str(exc)
                 if error is None:
@@ -150,7 +150,7 @@ class DeepSpeedStrategy(Strategy):
                         error = f"checkpoint {manifest.uri}: {exc}"
                 errors = [e for e in _all_gather(error) if e]
                 if errors:  # every rank saw the same verdict, so all move on to the older one together
-                    session.reporter.info(f"skipped checkpoint step {manifest.step}: {errors[0]}")
+                    session.hooks.reporter.info(f"skipped checkpoint step {manifest.step}: {errors[0]}")
                     skipped.append((manifest.step, errors[0]))
                     continue
             finally:
@@ -159,7 +159,7 @@ class DeepSpeedStrategy(Strategy):
             self.record_restored(manifest, int(client_state["step"]))
             return int(client_state["step"])
         if skipped:  # the run has checkpoints and none restores: it must not start over
-            raise nothing_restores(session.run_id, session.store.uri, sorted(skipped, reverse=True))
+            raise nothing_restores(session.run_id, session.hooks.store.uri, sorted(skipped, reverse=True))
         return None
 
     def full_state_dict(self) -> Weights:

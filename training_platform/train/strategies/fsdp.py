@@ -68,21 +68,21 @@ class FSDPStrategy(Strategy):
         # RNG states as one JSON item: DCP would otherwise flatten the lists inside them into keys.
         state = self._state() | {"rng": rng_states_to_json(self.gathered_rng()).encode(), "step": step}
         weights = final_weights if self.session.dist.is_main else None  # complete on rank 0 only
-        manifest = save_sharded(self.session.store, self.session.run_id, step, state, metrics, weights=weights)
+        manifest = save_sharded(self.session.hooks.store, self.session.run_id, step, state, metrics, weights=weights)
         self.record_saved(manifest, time.monotonic() - started)
 
     def restore(self) -> int | None:
         session = self.session
-        checkpoints = list_on_main(session.store, session.run_id)
+        checkpoints = list_on_main(session.hooks.store, session.run_id)
         if not checkpoints.manifests and not checkpoints.unreadable:
             return None  # skip get_state_dict's optimizer-state initialization on a fresh run
         state = self._state() | {"rng": b"", "step": -1}
         # Raises on every rank when the run has checkpoints and none restores: it must not start over.
-        restored = restore_latest_sharded(session.store, session.run_id, state, checkpoints=checkpoints)
+        restored = restore_latest_sharded(session.hooks.store, session.run_id, state, checkpoints=checkpoints)
         assert restored is not None, "the run has checkpoints, so restore_latest_sharded restores one or raises"
         manifest, skipped = restored
         for step, reason in skipped:
-            session.reporter.info(f"skipped checkpoint step {step}: {reason}")
+            session.hooks.reporter.info(f"skipped checkpoint step {step}: {reason}")
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         self.set_rng(rng_states_from_json(state["rng"]))
         self.record_restored(manifest, int(state["step"]))
