@@ -77,3 +77,89 @@ def test_files_that_fail_the_specs_expectations_never_train(platform, user_dir):
     with platform.instance() as instance:
         trained = [run for run in instance.get_runs() if run.job_name == TRAINING_JOB]
     assert [run.tags.get("dagster/partition") for run in trained].count(result["run_id"]) == 0
+
+
+TEXT_SCRIPT = '''
+"""A text classifier on the platform's SDK: it reads each batch's text (batch.text), not numeric features."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training_platform.train.session import TrainingSession
+
+BUCKETS = 64
+
+
+def encode(texts: list[str]) -> torch.Tensor:
+    """Each text as its characters' frequencies, hashed into buckets."""
+    counts = torch.zeros(len(texts), BUCKETS)
+    for row, text in enumerate(texts):
+        for char in text:
+            counts[row, ord(char) % BUCKETS] += 1.0
+    return counts / counts.sum(dim=1, keepdim=True).clamp(min=1.0)
+
+
+def evaluate(model, test):
+    with torch.no_grad():
+        logits = model(encode(test.text))
+    return {"accuracy": (logits.argmax(1) == test.labels).float().mean().item(),
+            "loss": F.cross_entropy(logits, test.labels).item()}
+
+
+with TrainingSession.start() as session:
+    session.evaluate_with(evaluate, example=lambda test: encode(test.text[:1]))  # the registry traces on it
+    data = session.dataset("train")
+    model = nn.Linear(BUCKETS, data.num_classes)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    step = 0
+    if (restored := session.restore()) is not None:
+        state, step = restored
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    loss = torch.tensor(0.0)
+    while step < session.spec.training.max_steps:
+        batch = data[step]
+        loss = F.cross_entropy(model(encode(batch.text)), batch.labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        step += 1
+        state = lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict()}  # noqa: E731
+        if session.after_step(step, state, {"train_loss": loss.detach()}):
+            break
+    session.finish(model, step, {"train_loss": loss.item()})
+'''
+
+
+def test_a_text_column_reaches_a_script_that_trains_and_registers_a_text_classifier(platform, tmp_path):
+    import pyarrow as pa
+    import pyarrow.csv as pa_csv
+
+    good, bad = ["great", "good", "lovely", "superb"], ["awful", "dull", "bad", "boring"]
+    rows = [(f"a {(good if n % 2 else bad)[n % 4]} film, part {n}", "pos" if n % 2 else "neg") for n in range(240)]
+    pa_csv.write_csv(pa.table({"review": [r for r, _ in rows], "sentiment": [s for _, s in rows]}),
+                     tmp_path / "reviews.csv")
+    (tmp_path / "train.py").write_text(TEXT_SCRIPT)
+    spec = {
+        "name": "review-sentiment", "team": "nlp", "owner": "ada",
+        "entrypoint": {"script": "train.py"},
+        "dataset": {"source": "./reviews.csv", "columns": {"label": "sentiment", "text": "review"}},
+        "evaluation": {"metrics": ["accuracy", "loss"]},  # measured by the script's evaluate(), then registered
+        "training": {"max_steps": 30, "batch_size": 16, "log_every": 10, "eval_every": 10},
+        "checkpoint": {"every_steps": 10, "keep_last": 1},
+        "resources": {"procs_per_node": 1},
+    }
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    proc = platform.tp("train", str(tmp_path / "spec.yaml"), "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:] + server_logs(platform.home)
+    result = last_json(proc)
+    assert result["status"] == "SUCCEEDED" and result["model_version"] == "1", result
+    manifest = load_manifest(platform.home / "snapshots", result["snapshot_id"])
+    assert manifest.role_columns == ["text"] and manifest.feature_columns == [] and manifest.total_rows == 240
+    assert 0 <= result["test_accuracy"] <= 1 and result["test_loss"] > 0, result
+
+    # A model template cannot read text: refused before anything is queued.
+    spec.pop("entrypoint")
+    (tmp_path / "template.yaml").write_text(yaml.safe_dump(spec))
+    refused = platform.tp("train", str(tmp_path / "template.yaml"))
+    assert refused.returncode == 2 and "model templates read numeric features only" in refused.stderr, refused.stderr

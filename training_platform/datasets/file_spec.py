@@ -54,7 +54,9 @@ class FileColumns(_Strict):
     )
     text: str | None = Field(None, description="a column of text (strings), kept as the snapshot's `text`")
     image: str | None = Field(
-        None, description="a column of encoded images (bytes, e.g. PNG or JPEG), kept as the snapshot's `image`"
+        None,
+        description="a column of encoded images (bytes, e.g. PNG or JPEG) or of their files' paths (relative to the "
+        "source's folder; read into the snapshot), kept as the snapshot's `image`",
     )
 
     @field_validator("features")

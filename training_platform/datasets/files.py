@@ -100,11 +100,12 @@ def build_file_snapshot(source: FileSource, root: SnapshotRoot, *, outside: Path
     blobs = [file.read() for file in files]
     hashes = parallel_map(lambda blob: hashlib.sha256(blob).hexdigest(), blobs)
     content_key = _key(source, [[file.name, sha256] for file, sha256 in zip(files, hashes, strict=True)])
-    found = _recorded(root, content_key)
+    found, recordable = _recorded(root, content_key), True
     if found is None:
-        found = _write(source, _parsed(files, blobs, source.uri), root, content_key)
+        found, recordable = _write(source, _parsed(files, blobs, source.uri), root, content_key, outside)
+    if recordable:  # images read by path are more than these files: such a snapshot is built again each time
         _record(root, content_key, found)
-    _record(root, stat_key, found)
+        _record(root, stat_key, found)
     return FileSnapshot(found, files, parsed=True)
 
 
@@ -359,11 +360,15 @@ def _common_type(column: str, found: list[tuple[str, pa.DataType]], uri: str) ->
     )
 
 
-def _write(source: FileSource, table: pa.Table, root: SnapshotRoot, content_key: str) -> SnapshotManifest:
+def _write(
+    source: FileSource, table: pa.Table, root: SnapshotRoot, content_key: str, outside: Path | None
+) -> tuple[SnapshotManifest, bool]:
+    """The snapshot, and whether the source's files alone decide it (not where images are read by path)."""
     if table.num_rows == 0:
         raise SnapshotError(f"dataset.source {source.uri} has no rows; add data to its files")
     features = _feature_columns(source, table)
-    roles = _role_columns(source, table)
+    roles = _role_columns(source, table, outside)
+    by_path = source.columns.image is not None and pa.types.is_string(table.schema.field(source.columns.image).type)
     labels, names = _labels(table, source)
     split_rows = _split_rows(table, source)
     feature_table = table.select(features)
@@ -384,7 +389,7 @@ def _write(source: FileSource, table: pa.Table, root: SnapshotRoot, content_key:
             names=[ROW_ID, *features, LABEL, *roles],
         )
     del table, feature_table, kept  # the caller keeps no reference: the encoders reuse its memory
-    return write_tables(
+    manifest = write_tables(
         root,
         tables,
         source=source.uri,
@@ -399,6 +404,7 @@ def _write(source: FileSource, table: pa.Table, root: SnapshotRoot, content_key:
         row_group_rows=min(ROW_GROUP_ROWS, shard_rows),
         dictionary=False,  # a team's columns are mostly measurements: a dictionary would only be tried and dropped
     )
+    return manifest, not by_path
 
 
 def _mask(rows: np.ndarray, size: int) -> np.ndarray:
@@ -457,11 +463,17 @@ def _feature_columns(source: FileSource, table: pa.Table) -> list[str]:
     return features
 
 
-def _role_columns(source: FileSource, table: pa.Table) -> dict[str, pa.ChunkedArray]:
-    """The text and image columns the spec names, by role, as string and binary."""
+def _role_columns(source: FileSource, table: pa.Table, outside: Path | None) -> dict[str, pa.ChunkedArray]:
+    """The text and image columns the spec names, by role, as string and binary (images given by path are read)."""
     _check_role_types(source, table.schema)
-    kinds = {TEXT: pa.string(), IMAGE: pa.binary()}
-    return {role: table.column(name).cast(kinds[role]) for role, name in _roles(source).items()}
+    columns = {role: table.column(name) for role, name in _roles(source).items()}
+    if TEXT in columns:
+        columns[TEXT] = columns[TEXT].cast(pa.string())
+    if IMAGE in columns:
+        image = columns[IMAGE]
+        is_path = pa.types.is_string(image.type) or pa.types.is_large_string(image.type)
+        columns[IMAGE] = _read_images(image, source.uri, outside) if is_path else image.cast(pa.binary())
+    return columns
 
 
 def _roles(source: FileSource) -> dict[str, str]:
@@ -472,13 +484,55 @@ def _roles(source: FileSource) -> dict[str, str]:
 def _check_role_types(source: FileSource, schema: pa.Schema) -> None:
     for role, name in _roles(source).items():
         kind = schema.field(name).type
-        if role == TEXT and not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+        if role == TEXT and not text:
             raise SnapshotError(f"{source.uri}: dataset.columns.text {name!r} is {kind}; it must hold strings")
-        if role == IMAGE and not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+        if role == IMAGE and not (text or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
             raise SnapshotError(
                 f"{source.uri}: dataset.columns.image {name!r} is {kind}; it must hold each image's encoded bytes "
-                "(PNG, JPEG: a binary column)"
+                "(PNG, JPEG: a binary column) or its file's path"
             )
+        if role == IMAGE and text and source.uri.startswith("s3://"):
+            raise SnapshotError(
+                f"{source.uri}: dataset.columns.image {name!r} holds paths; an S3 source's images must be in its "
+                "files as bytes (a binary column)"
+            )
+
+
+def _read_images(paths: pa.ChunkedArray, uri: str, outside: Path | None) -> pa.Array:
+    """Each image's bytes, by its path (relative to the source's folder, or absolute), so the snapshot holds the
+    images themselves: a path could later name another file."""
+    base = _source_folder(uri)
+    home = outside.resolve() if outside is not None else None
+
+    def read(path: str | None) -> bytes | None:
+        if path is None:
+            return None  # an empty value: the snapshot's suite counts it
+        resolved = (base / path).expanduser().resolve()
+        if home is not None and (resolved == home or home in resolved.parents):
+            raise SnapshotError(f"{uri}: image {path!r} is inside the platform's home {home}; keep images outside it")
+        try:
+            return resolved.read_bytes()
+        except OSError as exc:
+            raise SnapshotError(
+                f"{uri}: image {path!r} cannot be read ({exc.strerror}); fix the path (relative to {base}) or the file"
+            ) from None
+
+    return pa.array(parallel_map(read, paths.to_pylist(), threads=8), pa.binary())  # file reads: I/O, not CPU
+
+
+def _source_folder(uri: str) -> Path:
+    """The folder a local source names: a directory itself, a file's folder, a glob's fixed part."""
+    text = uri.removeprefix("file://")
+    path = Path(text).expanduser()
+    if glob.has_magic(text):
+        fixed = []
+        for part in path.parts:
+            if glob.has_magic(part):
+                break
+            fixed.append(part)
+        return (Path(*fixed) if fixed else Path(".")).resolve()
+    return (path if path.is_dir() else path.parent).resolve()
 
 
 def _numeric(kind: pa.DataType) -> bool:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
@@ -33,6 +34,8 @@ RESULT_FILE = "evaluation.json"
 Evaluator = Callable[[nn.Module, "SplitBatches"], Mapping[str, float]]
 ModelLogger = Callable[[nn.Module, "SplitBatches"], str]
 """Logs the model into the active MLflow run under the name "model"; returns its model URI."""
+Example = Callable[["SplitBatches"], torch.Tensor]
+"""One input as the model takes it, made from the test split (the registry traces the model on it)."""
 
 
 class EvaluationRequest(BaseModel):
@@ -95,6 +98,12 @@ def evaluate_model(
 def _classifier_metrics(model: nn.Module, test: SplitBatches) -> Mapping[str, float]:
     from training_platform.train.data import evaluate
 
+    if not test.features.shape[1]:
+        raise ValueError(
+            "the snapshot has no numeric features for the default evaluation (model(features)): measure your model "
+            "on the test split's text or images with session.evaluate_with(evaluate), evaluate(model, test) "
+            "returning the spec's evaluation.metrics"
+        )
     return evaluate(model, test.features, test.labels)
 
 
@@ -120,12 +129,22 @@ def _log_model(model: nn.Module, test: SplitBatches, request: EvaluationRequest,
         return logger(model, test)
 
 
-def log_pytorch_model(model: nn.Module, test: SplitBatches) -> str:
+def log_pytorch_model(model: nn.Module, test: SplitBatches, example: Example | None = None) -> str:
+    """The pytorch flavour's safe format (torch.export, no pickle), traced on one input: `example(test)`, else the
+    first test row's features."""
     import mlflow.pytorch
 
     from training_platform.tracking import model_requirements
 
-    info = mlflow.pytorch.log_model(
-        model, name="model", input_example=test.features[:1].numpy(), pip_requirements=model_requirements()
-    )
+    if example is not None:
+        sample = example(test)
+    elif test.features.shape[1]:
+        sample = test.features[:1]
+    else:
+        raise ValueError(
+            "the snapshot has no numeric features to trace the model on for the registry: give one input as the model "
+            "takes it, session.evaluate_with(evaluate, example=lambda test: ...), e.g. your encoding of test.text[:1]"
+        )
+    sample = sample.detach().cpu().numpy() if isinstance(sample, torch.Tensor) else sample
+    info = mlflow.pytorch.log_model(model, name="model", input_example=sample, pip_requirements=model_requirements())
     return info.model_uri

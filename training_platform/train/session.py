@@ -10,9 +10,10 @@
                 break
         session.finish(model, step, metrics)       # the run's result; after a stop, ends it as preempted
 
-(`report`, `should_checkpoint`, `save`, `should_stop` and `exit_preempted` are after_step's parts, for loops
-that need them one by one: the templates, the framework adapters. What strategies and adapters call besides,
-around checkpoints they write themselves, is behind `session.hooks`: train/hooks.py.)
+(`report`, `save` and `should_stop` are after_step's parts, for loops that need them one by one. That is the
+whole public surface, with `spec`, `dist`, `run_id`, `run_dir` and `evaluate_with`. What the templates, strategies
+and framework adapters need besides (the checkpoint store, a due save, a preemption exit, the reporter) is behind
+`session.hooks`: train/hooks.py.)
 
 The same script evaluates its run (train/evaluation_mode.py): started again with an evaluation request,
 `restore()` returns the final checkpoint and `finish(model, ...)` measures the model on the test split.
@@ -22,6 +23,7 @@ Templates are written against this API, never around it.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -49,9 +51,11 @@ from training_platform.train.checkpointing import RunCheckpointer, retention_pol
 from training_platform.train.evaluation_mode import (
     EvaluationRequest,
     Evaluator,
+    Example,
     ModelLogger,
     evaluate_model,
     exact_checkpoint,
+    log_pytorch_model,
 )
 from training_platform.train.hooks import SessionHooks
 from training_platform.train.reporting import Reporter
@@ -86,6 +90,7 @@ class TrainingSession:
     _started: float = field(default_factory=time.monotonic)
     _evaluation: EvaluationRequest | None = None  # set when the script was started to evaluate a checkpoint
     _evaluator: Evaluator | None = None
+    _example: Example | None = None  # one model input, for the registry (evaluate_with)
     _model_logger: ModelLogger | None = None  # set by a framework adapter (hooks.log_model_with)
     _stopped_at: int | None = None  # the step after_step stopped the run at
     _ended: bool = False
@@ -213,11 +218,13 @@ class TrainingSession:
             raise ValueError("session.dataset(columns=...) selects the columns of a streamed split: add stream=True")
         return SplitBatches.load(self._snapshot_root, snapshot_id, split, **sampling)
 
-    def evaluate_with(self, evaluator: Evaluator) -> None:
+    def evaluate_with(self, evaluator: Evaluator, example: Example | None = None) -> None:
         """How the run's model is measured on a test split: `evaluator(model, data)` returns the metrics the
         spec's `evaluation.metrics` names (default without one: a classifier's accuracy and loss). It is
-        called only when the platform evaluates a checkpoint (evaluated_model, the gate's re-evaluation)."""
-        self._evaluator = evaluator
+        called only when the platform evaluates a checkpoint (evaluated_model, the gate's re-evaluation).
+        `example(data)`: one input as the model takes it, which the registry traces the model on (default: the
+        first test row's features; a model of text or images needs one)."""
+        self._evaluator, self._example = evaluator, example
 
     # ----- progress -----------------------------------------------------------------------
     def report(self, step: int, metrics: dict[str, float]) -> None:
@@ -456,7 +463,8 @@ class TrainingSession:
     def _finish_evaluation(self, model: torch.nn.Module | dict[str, torch.Tensor], final_step: int) -> dict:
         assert self._evaluation is not None
         test, request = self.dataset("test"), self._evaluation
-        result = evaluate_model(model, test, self._evaluator, request, self.run_dir, final_step, self._model_logger)
+        logger = self._model_logger or functools.partial(log_pytorch_model, example=self._example)
+        result = evaluate_model(model, test, self._evaluator, request, self.run_dir, final_step, logger)
         measured = ", ".join(f"{name} {value:.4f}" for name, value in result["metrics"].items())
         self._reporter.info(f"evaluated the checkpoint of step {final_step}: {measured}")
         self._telemetry.finish("EVALUATED")

@@ -348,8 +348,8 @@ def test_role_columns_of_the_wrong_kind_are_refused_naming_the_column(tmp_path):
     uri = str(tmp_path / "reviews.parquet")
     for columns, message in [
         (FileColumns(label="sentiment", text="stars"), r"dataset.columns.text 'stars' is double; it must hold strings"),
-        (FileColumns(label="sentiment", image="body"),
-         r"dataset.columns.image 'body' is string; it must hold each image's encoded bytes"),
+        (FileColumns(label="sentiment", image="stars"),
+         r"dataset.columns.image 'stars' is double; it must hold each image's encoded bytes .* or its file's path"),
         (FileColumns(label="sentiment", text="caption"), r"dataset.columns.text: column 'caption' is not in"),
     ]:
         for step in (check_source, lambda source: build_file_snapshot(source, tmp_path / "snap")):
@@ -371,3 +371,36 @@ def test_a_model_template_is_refused_a_text_column_before_launch():
     with pytest.raises(SpecError, match=r"dataset.columns.text: model templates read numeric features only; train "
                                         r"your own script \(entrypoint.script\), which reads the text as batch.text"):
         parse_spec({"name": "reviews", "team": "nlp", "owner": "ada", "dataset": dataset})
+
+
+def test_images_named_by_path_are_read_into_the_snapshot_and_a_changed_image_is_a_new_snapshot(tmp_path):
+    from training_platform.train.split_data import SplitBatches
+
+    data = tmp_path / "pets"
+    (data / "img").mkdir(parents=True)
+    rows = []
+    for n in range(30):
+        (data / "img" / f"{n}.png").write_bytes(b"\x89PNG" + bytes([n]) * 8)
+        rows.append({"file": f"img/{n}.png", "kind": "cat" if n % 2 else "dog"})
+    pa_csv.write_csv(pa.Table.from_pylist(rows), data / "labels.csv")
+    source = FileSource(uri=str(data / "labels.csv"), columns=FileColumns(label="kind", image="file"))
+    first = build_file_snapshot(source, tmp_path / "snap")
+    manifest = first.manifest
+    assert manifest.schema["image"] == "binary" and manifest.role_columns == ["image"]
+    test = SplitBatches.load(tmp_path / "snap", manifest.snapshot_id, "test", batch_size=2, rank=0, world_size=1,
+                             seed=0)
+    by_bytes = {(data / row["file"]).read_bytes(): row["kind"] for row in rows}
+    assert len(test.image) == manifest.rows["test"]
+    assert [by_bytes[image] for image in test.image] == [test.label_names[label] for label in test.labels.tolist()]
+    assert build_file_snapshot(source, tmp_path / "snap").manifest == manifest  # unchanged: the same snapshot
+
+    (data / "img" / "3.png").write_bytes(b"\x89PNG" + b"changed")  # the table's file is untouched
+    assert build_file_snapshot(source, tmp_path / "snap").manifest.snapshot_id != manifest.snapshot_id
+
+    (data / "img" / "4.png").unlink()
+    with pytest.raises(SnapshotError, match=r"image 'img/4.png' cannot be read \(No such file or directory\); fix "
+                                            r"the path \(relative to .*pets\) or the file"):
+        build_file_snapshot(source, tmp_path / "snap")
+    (data / "img" / "4.png").write_bytes(b"\x89PNG")
+    with pytest.raises(SnapshotError, match=r"image 'img/0.png' is inside the platform's home"):
+        build_file_snapshot(source, tmp_path / "snap", outside=data / "img")

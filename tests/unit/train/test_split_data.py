@@ -110,3 +110,19 @@ def test_a_streamed_table_split_is_scaled_as_the_in_memory_one(tmp_path):
     rows = {tuple(round(v, 5) for v in row.tolist()) for row in whole.features}
     assert all(tuple(round(v, 5) for v in row.tolist()) in rows for row in features)
     assert set(labels.tolist()) <= set(range(3))
+
+
+def test_a_model_of_text_needs_its_own_example_and_evaluation_to_be_registered():
+    from torch import nn
+
+    from training_platform.train.evaluation_mode import _classifier_metrics, log_pytorch_model
+    from training_platform.train.split_data import Sampling, SplitBatches
+
+    test = SplitBatches(torch.empty(4, 0), torch.tensor([0, 1, 0, 1]), Sampling(2, 0, 1, 0), ["neg", "pos"], "test",
+                        {"text": ["good", "bad", "fine", "dull"]})
+    assert test[0].text is not None and len(test[0].text) == 2
+    with pytest.raises(ValueError, match=r"no numeric features to trace the model on for the registry: give one input "
+                                         r"as the model takes it, session.evaluate_with\(evaluate, example="):
+        log_pytorch_model(nn.Linear(3, 2), test)
+    with pytest.raises(ValueError, match=r"no numeric features for the default evaluation .* session.evaluate_with"):
+        _classifier_metrics(nn.Linear(3, 2), test)
