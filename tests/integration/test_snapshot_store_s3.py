@@ -160,18 +160,16 @@ def test_an_s3_prefix_that_denies_access_is_refused_before_a_build_names_what_to
     client.upload_file(str(tmp_path / "part-0.parquet"), "landing", "events/part-0.parquet")
     source = FileSource(uri="s3://landing/events/", columns=FileColumns(label="y"))
 
-    for name, value in guarded_s3.identity_env("outsider").items():
-        monkeypatch.setenv(name, value)
-    for step in (check_source, lambda source: build_file_snapshot(source, tmp_path / "snap")):
-        with pytest.raises(SnapshotError, match=r"dataset.source s3://landing/events/ cannot be listed \(S3 listing "
-                                                r"of s3://landing/events/ was denied \(AccessDenied\): the credentials "
-                                                r".*check the bucket and prefix, and that the platform's S3"):
-            step(source)
-    for name, value in guarded_s3.identity_env("lister").items():
-        monkeypatch.setenv(name, value)
-    for step in (check_source, lambda source: build_file_snapshot(source, tmp_path / "snap")):
-        with pytest.raises(SnapshotError, match=r"dataset.source s3://landing/events/: s3://landing/events/part-0."
-                                                r"parquet cannot be read \(S3 .* was denied \((403|AccessDenied)\)"
-                                                r".*check the platform's access to it"):
-            step(source)
+    denials = {
+        "outsider": r"dataset.source s3://landing/events/ cannot be listed \(S3 listing of s3://landing/events/ was "
+                    r"denied \(AccessDenied\): the credentials .*check the bucket and prefix, and that the platform",
+        "lister": r"dataset.source s3://landing/events/: s3://landing/events/part-0.parquet cannot be read \(S3 .* "
+                  r"was denied \((403|AccessDenied)\).*check the platform's access to it",
+    }
+    for identity, message in denials.items():
+        for name, value in guarded_s3.identity_env(identity).items():
+            monkeypatch.setenv(name, value)
+        for step in (check_source, lambda source: build_file_snapshot(source, tmp_path / "snap")):
+            with pytest.raises(SnapshotError, match=message):
+                step(source)
     assert not (tmp_path / "snap").exists() or not any((tmp_path / "snap").rglob("*.json"))  # nothing published
