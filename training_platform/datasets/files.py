@@ -368,7 +368,7 @@ def _write(
         raise SnapshotError(f"dataset.source {source.uri} has no rows; add data to its files")
     features = _feature_columns(source, table)
     roles = _role_columns(source, table, outside)
-    by_path = source.columns.image is not None and pa.types.is_string(table.schema.field(source.columns.image).type)
+    by_path = _images_by_path(source, table.schema)
     labels, names = _labels(table, source)
     split_rows = _split_rows(table, source)
     feature_table = table.select(features)
@@ -471,9 +471,18 @@ def _role_columns(source: FileSource, table: pa.Table, outside: Path | None) -> 
         columns[TEXT] = columns[TEXT].cast(pa.string())
     if IMAGE in columns:
         image = columns[IMAGE]
-        is_path = pa.types.is_string(image.type) or pa.types.is_large_string(image.type)
-        columns[IMAGE] = _read_images(image, source.uri, outside) if is_path else image.cast(pa.binary())
+        by_path = _images_by_path(source, table.schema)
+        columns[IMAGE] = _read_images(image, source.uri, outside) if by_path else image.cast(pa.binary())
     return columns
+
+
+def _images_by_path(source: FileSource, schema: pa.Schema) -> bool:
+    """Whether the image column holds paths (strings) rather than the images' bytes."""
+    return source.columns.image is not None and _is_text(schema.field(source.columns.image).type)
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
 def _roles(source: FileSource) -> dict[str, str]:
@@ -484,7 +493,7 @@ def _roles(source: FileSource) -> dict[str, str]:
 def _check_role_types(source: FileSource, schema: pa.Schema) -> None:
     for role, name in _roles(source).items():
         kind = schema.field(name).type
-        text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+        text = _is_text(kind)
         if role == TEXT and not text:
             raise SnapshotError(f"{source.uri}: dataset.columns.text {name!r} is {kind}; it must hold strings")
         if role == IMAGE and not (text or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
