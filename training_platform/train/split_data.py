@@ -45,7 +45,7 @@ class Batch(tuple):
         batch.text, batch.image = text, image
         return batch
 
-    def __getnewargs__(self) -> tuple:  # pickled whole (a DataLoader worker's batch), not as a bare pair
+    def __getnewargs__(self) -> tuple:  # a pickled batch (torch.save, a worker process) keeps its text and images
         return (self[0], self[1], self.text, self.image)
 
     @property
@@ -123,8 +123,9 @@ class SplitBatches:
 
     def __getitem__(self, step: int) -> Batch:
         rows = self.sampler.indices(step)
-        text = [self.text[row] for row in rows.tolist()] if self.text is not None else None
-        image = [self.image[row] for row in rows.tolist()] if self.image is not None else None
+        picked = rows.tolist()
+        text = [self.text[row] for row in picked] if self.text is not None else None
+        image = [self.image[row] for row in picked] if self.image is not None else None
         return Batch(self.features[rows], self.labels[rows], text, image)
 
     def from_step(self, step: int, stop: int | None = None) -> Iterator[Batch]:

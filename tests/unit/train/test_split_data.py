@@ -121,6 +121,9 @@ def test_a_model_of_text_needs_its_own_example_and_evaluation_to_be_registered()
     test = SplitBatches(torch.empty(4, 0), torch.tensor([0, 1, 0, 1]), Sampling(2, 0, 1, 0), ["neg", "pos"], "test",
                         {"text": ["good", "bad", "fine", "dull"]})
     assert test[0].text is not None and len(test[0].text) == 2
+    import pickle
+
+    assert pickle.loads(pickle.dumps(test[0])).text == test[0].text  # a batch pickles with its text
     with pytest.raises(ValueError, match=r"no numeric features to trace the model on for the registry: give one input "
                                          r"as the model takes it, session.evaluate_with\(evaluate, example="):
         log_pytorch_model(nn.Linear(3, 2), test)
