@@ -73,3 +73,17 @@ def test_the_queue_daemon_gets_the_paced_loop_and_a_loop_of_dagsters_own_is_not_
     monkeypatch.setattr(QueuedRunCoordinatorDaemon, "core_loop", dagsters_own)
     with pytest.raises(RuntimeError, match="update training_platform_dagster/daemon.py"):
         use_paced_queue()
+
+
+def test_the_sensor_daemon_looks_for_due_sensors_every_half_second(monkeypatch):
+    from dagster._daemon import sensor as sensor_daemon
+
+    from training_platform_dagster.daemon import SENSOR_LOOK_SECONDS, use_prompt_sensors
+
+    monkeypatch.setattr(sensor_daemon, "MIN_INTERVAL_LOOP_TIME", 5)  # Dagster's own pace
+    use_prompt_sensors()
+    # Below the shortest sensor interval the platform sets (5 s), so a 5-s sensor ticks every 5 s, not every 10 s.
+    assert sensor_daemon.MIN_INTERVAL_LOOP_TIME == SENSOR_LOOK_SECONDS <= 1
+    monkeypatch.delattr(sensor_daemon, "MIN_INTERVAL_LOOP_TIME")
+    with pytest.raises(RuntimeError, match="update training_platform_dagster/daemon.py"):
+        use_prompt_sensors()

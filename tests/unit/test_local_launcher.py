@@ -76,3 +76,12 @@ def test_a_tp_servers_runs_and_only_they_look_for_the_shared_standby(tmp_path, m
     assert standby.SHARED_ENV not in LocalLauncher(visible_gpus=0).plan(_request(tmp_path)).env
     monkeypatch.setenv(standby.SHARED_OWNER_ENV, "4242")  # what the platform's code server sets, to its pid
     assert LocalLauncher(visible_gpus=0).plan(_request(tmp_path)).env[standby.SHARED_ENV] == "1"
+
+
+def test_a_spot_run_keeps_a_standby_of_its_own_only_where_no_shared_one_serves_its_requeues(tmp_path, monkeypatch):
+    request = _request(tmp_path, spot=True)
+    monkeypatch.delenv(standby.SHARED_OWNER_ENV, raising=False)
+    assert LocalLauncher(visible_gpus=0).plan(request).env[standby.STANDBY_ENV] == "1"
+    monkeypatch.setenv(standby.SHARED_OWNER_ENV, "4242")
+    env = LocalLauncher(visible_gpus=0).plan(request).env
+    assert standby.STANDBY_ENV not in env and env[standby.SHARED_ENV] == "1"
