@@ -87,3 +87,20 @@ def test_the_sensor_daemon_looks_for_due_sensors_every_half_second(monkeypatch):
     monkeypatch.delattr(sensor_daemon, "MIN_INTERVAL_LOOP_TIME")
     with pytest.raises(RuntimeError, match="update training_platform_dagster/daemon.py"):
         use_prompt_sensors()
+
+
+def test_the_backfill_daemon_looks_every_few_seconds(monkeypatch):
+    from dagster._daemon import backfill, controller
+
+    from training_platform_dagster.daemon import BACKFILL_LOOK_SECONDS, use_prompt_backfills
+
+    monkeypatch.setattr(controller, "DEFAULT_DAEMON_INTERVAL_SECONDS", 30)  # Dagster's own pace
+    use_prompt_backfills()
+    assert controller.DEFAULT_DAEMON_INTERVAL_SECONDS == BACKFILL_LOOK_SECONDS <= 5
+
+    def paced_otherwise(*args, **kwargs):
+        yield None
+
+    monkeypatch.setattr(backfill, "execute_backfill_iteration_loop", paced_otherwise)
+    with pytest.raises(RuntimeError, match="update training_platform_dagster/daemon.py"):
+        use_prompt_backfills()
