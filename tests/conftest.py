@@ -12,6 +12,7 @@ pytest_plugins = [
     "tests.fixtures.slurm",
     "tests.fixtures.platform",
     "tests.fixtures.instance",
+    "tests.fixtures.worker",
 ]
 
 

@@ -87,6 +87,17 @@ def use_warm_processes(location_module: str | None, dagster_home: str | None) ->
     grpc_server.DagsterApiServer.__init__ = init
 
 
+def start_shared_standby() -> None:
+    """Start the shared standby now, for the import environment this server's runs get, rather than at the first
+    run's submission: it loads at idle priority while the server starts, so the first run can start warm too."""
+    from training_platform.launch import standby
+    from training_platform.launch.job_env import job_environment
+    from training_platform.paths import PlatformHome
+
+    home = PlatformHome.from_env().root  # as the platform resource gives it to each run (TP_HOME)
+    standby.spawn_shared(home, os.getpid(), {**job_environment(), "TP_HOME": str(home)})
+
+
 def main() -> None:
     # `tp server stop` ends the server with SIGTERM to its group, which Dagster handles as it handles SIGINT. A
     # shell's background job starts with SIGINT ignored: then SIGTERM would be ignored too, here and in the fork
@@ -97,6 +108,7 @@ def main() -> None:
     # leaves with this server (training_platform/launch/standby.py). TP_WARM_STARTS=0 turns it off (its memory).
     if os.environ.get(WARM_STARTS_ENV, "1") != "0":
         os.environ[SHARED_OWNER_ENV] = str(os.getpid())
+        start_shared_standby()
     use_warm_processes(_location_module(argv), os.environ.get("DAGSTER_HOME"))
     from dagster._cli import main as dagster_main
 

@@ -85,3 +85,9 @@ def test_a_spot_run_keeps_a_standby_of_its_own_only_where_no_shared_one_serves_i
     monkeypatch.setenv(standby.SHARED_OWNER_ENV, "4242")
     env = LocalLauncher(visible_gpus=0).plan(request).env
     assert standby.STANDBY_ENV not in env and env[standby.SHARED_ENV] == "1"
+
+
+def test_the_import_environment_leaves_out_what_torch_reads_only_when_called():
+    environ = {"TP_HOME": "/h", "OMP_NUM_THREADS": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1", "MLFLOW_RUN_ID": "r"}
+    # Lightning and DeepSpeed set PYTORCH_NVML_BASED_CUDA_CHECK when imported: a run's process has it, its server not.
+    assert standby.import_environment(environ) == {"TP_HOME": "/h", "OMP_NUM_THREADS": "1"}

@@ -133,7 +133,9 @@ class LocalLauncher:
                 standby.spawn(plan.workdir, proc.pid, env)
         if standby.SHARED_ENV in plan.env and not standby.bound(standby.shared_address(env)):
             owner = int(os.environ[standby.SHARED_OWNER_ENV])
-            standby.spawn_shared(PlatformHome.from_env().root, owner, env)  # for the runs after this one
+            # For the runs after this one; its log goes to the home of the runs it serves.
+            home = Path(env["TP_HOME"]) if env.get("TP_HOME") else PlatformHome.from_env().root
+            standby.spawn_shared(home, owner, env)
         return JobHandle(backend=self.name, job_id=f"{proc.pid}:{plan.workdir}", run_id=plan.run_id)
 
     def status(self, handle: JobHandle) -> JobStatus:

@@ -84,6 +84,9 @@ SHARED_LOG_FILE = "shared-standby.log"  # in the platform home
 # loaded with others. Its name prefixes are those of job_env.PREFIXES (torch, CUDA, OpenMP, the math libraries).
 _IMPORT_NAMES = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONHASHSEED", "VIRTUAL_ENV")
 _IMPORT_NAMES += ("LD_LIBRARY_PATH", "TP_HOME")
+# Matched by a prefix but read by torch only when called, not when imported: Lightning and DeepSpeed set it as they
+# are imported (so in a Dagster run's process, not in the server that starts the shared standby for its runs).
+_CALL_TIME_NAMES = frozenset({"PYTORCH_NVML_BASED_CUDA_CHECK"})
 JOB_PID_FILE = "job.pid"  # written by the launcher at each submit: the attempt's process
 STOP_FILE = "standby.stop"  # written by stop(): a standby still loading cannot be told over its socket
 PR_SET_NAME = 15  # prctl(2): the process name (ps, psutil's name()) of the calling thread
@@ -115,7 +118,11 @@ def _address(*parts: str) -> str:
 
 def import_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The part of ENVIRON that the shared standby is started with: nothing of any one job's (no credentials)."""
-    return {key: value for key, value in environ.items() if key in _IMPORT_NAMES or key.startswith(PREFIXES)}
+    return {
+        key: value
+        for key, value in environ.items()
+        if (key in _IMPORT_NAMES or key.startswith(PREFIXES)) and key not in _CALL_TIME_NAMES
+    }
 
 
 def running(run_dir: Path, environ: Mapping[str, str] = os.environ) -> bool:

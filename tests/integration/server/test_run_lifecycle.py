@@ -154,8 +154,8 @@ def test_status_and_metrics_show_a_training_run_while_it_trains(platform, tmp_pa
 
 
 def test_a_servers_runs_start_warm_from_its_shared_standby(platform, tmp_path):
-    """The first run of a server starts the shared standby (launch/standby.py); once it is ready, a run's agent and
-    ranks are its forks, and the run trains as any other."""
+    """A server starts its shared standby (launch/standby.py); once it is ready, a run's agent and ranks are its
+    forks, and the run trains as any other."""
     short = {"training": {"max_steps": 20, "eval_every": 10, "log_every": 10}}
     first = platform.tp("train", str(write_spec(tmp_path, "warm-first", **short)), "--json")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -168,6 +168,9 @@ def test_a_servers_runs_start_warm_from_its_shared_standby(platform, tmp_path):
     run_dir = os.path.realpath(platform.home / "runs" / summary["run_id"])
     forked = log.read_text()
     assert "forked agent" in forked and f"in {run_dir}" in forked, forked[-2000:]
+    # The standby the server started with serves its runs: their environment names no other.
+    first = forked.split("standby ", 1)[1].split(":", 1)[0]
+    assert {line.split("standby ", 1)[1].split(":", 1)[0] for line in forked.splitlines()} == {first}, forked[-2000:]
 
 
 def _status_row(platform, run_id: str) -> dict | None:

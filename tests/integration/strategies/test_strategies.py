@@ -26,7 +26,7 @@ from training_platform.datasets import build_snapshot
 from training_platform.launch import JobState
 from training_platform.launch.local import LOG_FILE, LocalLauncher
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("warm_launches")]
 
 RTOL = 1e-5
 STRATEGIES = {

@@ -83,6 +83,10 @@ class DeepSpeedStrategy(Strategy):
         from training_platform.train.strategies.deepspeed_files import SafeCheckpointEngine
 
         _ensure_process_group(self.session.dist.backend)
+        # On a CPU host, DeepSpeed's communication backend builds a shared-memory op, which only its inference
+        # all-reduce uses: a C++ compile (~55 s of CPU, needing a compiler) at the first run in each environment,
+        # a build check in every rank after that. Training reduces through torch.distributed.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend=self.session.dist.backend)
         self.stage = self.session.spec.deepspeed.zero_stage
         optimizer = make_optimizer(model.parameters())
