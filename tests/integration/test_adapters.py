@@ -18,7 +18,7 @@ from training_platform.runlog import RunEvents
 from training_platform.script_evaluation import evaluate_script
 from training_platform.spec import load_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_launches")]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

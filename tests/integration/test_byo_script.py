@@ -18,7 +18,7 @@ from training_platform.launch import JobState
 from training_platform.launch.local import LOG_FILE, LocalLauncher
 from training_platform.spec import load_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_launches")]
 
 FAILING_SCRIPT = """
 import torch

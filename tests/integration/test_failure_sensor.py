@@ -11,7 +11,7 @@ from training_platform.paths import PlatformHome
 from training_platform.runs import register_run
 from training_platform.spec import parse_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_launches")]
 
 
 @pytest.fixture

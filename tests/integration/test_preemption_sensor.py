@@ -17,7 +17,7 @@ from training_platform.runlog import RunEvents
 from training_platform.runs import read_result, register_run
 from training_platform.spec import parse_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_launches")]
 SELECTION = ["training_run", "checkpoints"]
 
 

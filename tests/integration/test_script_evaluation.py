@@ -16,7 +16,7 @@ from training_platform.paths import PlatformHome
 from training_platform.script_evaluation import EvaluationError, evaluate_script
 from training_platform.spec import load_spec, parse_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_launches")]
 STATE_DICT_FINISH = 'session.finish(model.state_dict(), step, {"train_loss": loss.item()})'
 
 

@@ -11,7 +11,7 @@ import pytest
 from tests.integration.strategies.runs import make_spec, train
 from training_platform.datasets import build_snapshot, load_manifest
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("warm_launches")]
 GPT = {"template": "gpt", "size": "tiny", "seq_len": 32}
 
 
