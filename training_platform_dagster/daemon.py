@@ -24,8 +24,9 @@ from __future__ import annotations
 import inspect
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from threading import Event
+from types import ModuleType
 from typing import Any
 
 from dagster._daemon import backfill as backfill_daemon
@@ -72,19 +73,22 @@ def use_paced_queue() -> None:
 
 
 SENSOR_LOOK_SECONDS = 0.5
+BACKFILL_LOOK_SECONDS = 5
+
+
+def _set_pace(loop: Callable[..., Any], owner: ModuleType, constant: str, seconds: float) -> None:
+    """Set OWNER.CONSTANT, which LOOP rests by after each look, to SECONDS."""
+    if f"{constant} - loop_duration" not in inspect.getsource(loop):
+        # A Dagster upgrade paces the loop otherwise: fail loudly rather than patch what no longer applies.
+        raise RuntimeError(
+            f"this Dagster's {loop.__name__} is paced otherwise; update training_platform_dagster/daemon.py for it"
+        )
+    setattr(owner, constant, seconds)
 
 
 def use_prompt_sensors() -> None:
     """Make the sensor daemon look for due sensors every SENSOR_LOOK_SECONDS instead of every 5 s."""
-    if not hasattr(sensor_daemon, "MIN_INTERVAL_LOOP_TIME"):
-        # A Dagster upgrade renamed the sensor loop's pace: fail loudly rather than run at a pace nobody chose.
-        raise RuntimeError(
-            "this Dagster's sensor daemon has no MIN_INTERVAL_LOOP_TIME; update training_platform_dagster/daemon.py"
-        )
-    sensor_daemon.MIN_INTERVAL_LOOP_TIME = SENSOR_LOOK_SECONDS
-
-
-BACKFILL_LOOK_SECONDS = 5
+    _set_pace(sensor_daemon.execute_sensor_iteration_loop, sensor_daemon, "MIN_INTERVAL_LOOP_TIME", SENSOR_LOOK_SECONDS)
 
 
 def use_prompt_backfills() -> None:
@@ -94,13 +98,8 @@ def use_prompt_backfills() -> None:
     asset daemon, for auto-materialize without sensors (`auto_materialize: use_sensors: false`), which the
     platform does not use.
     """
-    source = inspect.getsource(backfill_daemon.execute_backfill_iteration_loop)
-    if "DEFAULT_DAEMON_INTERVAL_SECONDS - loop_duration" not in source:
-        # A Dagster upgrade paces the backfill loop otherwise: fail loudly rather than patch what no longer applies.
-        raise RuntimeError(
-            "this Dagster's backfill loop is paced otherwise; update training_platform_dagster/daemon.py for it"
-        )
-    controller.DEFAULT_DAEMON_INTERVAL_SECONDS = BACKFILL_LOOK_SECONDS
+    _set_pace(backfill_daemon.execute_backfill_iteration_loop, controller, "DEFAULT_DAEMON_INTERVAL_SECONDS",
+              BACKFILL_LOOK_SECONDS)
 
 
 def main() -> None:

@@ -1,12 +1,23 @@
-"""The platform's queue daemon looks at its interval, not at Dagster's half-second steps."""
+"""The platform's daemon: its queue looks at its interval, not at Dagster's half-second steps; its sensors and
+backfills look every few seconds, not every 5 and 30."""
 
 from threading import Event
 
 import pytest
+from dagster._daemon import backfill as backfill_daemon
+from dagster._daemon import controller
+from dagster._daemon import sensor as sensor_daemon
 from dagster._daemon.daemon import SpanMarker
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
-from training_platform_dagster.daemon import paced_core_loop, use_paced_queue
+from training_platform_dagster.daemon import (
+    BACKFILL_LOOK_SECONDS,
+    SENSOR_LOOK_SECONDS,
+    paced_core_loop,
+    use_paced_queue,
+    use_prompt_backfills,
+    use_prompt_sensors,
+)
 
 INTERVAL = 0.7  # Dagster's loop would wait 0.5 + 0.5 after a look
 
@@ -75,32 +86,26 @@ def test_the_queue_daemon_gets_the_paced_loop_and_a_loop_of_dagsters_own_is_not_
         use_paced_queue()
 
 
-def test_the_sensor_daemon_looks_for_due_sensors_every_half_second(monkeypatch):
-    from dagster._daemon import sensor as sensor_daemon
-
-    from training_platform_dagster.daemon import SENSOR_LOOK_SECONDS, use_prompt_sensors
-
-    monkeypatch.setattr(sensor_daemon, "MIN_INTERVAL_LOOP_TIME", 5)  # Dagster's own pace
-    use_prompt_sensors()
-    # Below the shortest sensor interval the platform sets (5 s), so a 5-s sensor ticks every 5 s, not every 10 s.
-    assert sensor_daemon.MIN_INTERVAL_LOOP_TIME == SENSOR_LOOK_SECONDS <= 1
-    monkeypatch.delattr(sensor_daemon, "MIN_INTERVAL_LOOP_TIME")
-    with pytest.raises(RuntimeError, match="update training_platform_dagster/daemon.py"):
-        use_prompt_sensors()
-
-
-def test_the_backfill_daemon_looks_every_few_seconds(monkeypatch):
-    from dagster._daemon import backfill, controller
-
-    from training_platform_dagster.daemon import BACKFILL_LOOK_SECONDS, use_prompt_backfills
-
-    monkeypatch.setattr(controller, "DEFAULT_DAEMON_INTERVAL_SECONDS", 30)  # Dagster's own pace
-    use_prompt_backfills()
-    assert controller.DEFAULT_DAEMON_INTERVAL_SECONDS == BACKFILL_LOOK_SECONDS <= 5
+@pytest.mark.parametrize(
+    ("loop_module", "loop", "owner", "constant", "dagsters", "use", "ours"),
+    [
+        (sensor_daemon, "execute_sensor_iteration_loop", sensor_daemon, "MIN_INTERVAL_LOOP_TIME", 5,
+         use_prompt_sensors, SENSOR_LOOK_SECONDS),
+        (backfill_daemon, "execute_backfill_iteration_loop", controller, "DEFAULT_DAEMON_INTERVAL_SECONDS", 30,
+         use_prompt_backfills, BACKFILL_LOOK_SECONDS),
+    ],
+)
+def test_the_sensor_and_backfill_daemons_look_every_few_seconds(
+    monkeypatch, loop_module, loop, owner, constant, dagsters, use, ours
+):
+    monkeypatch.setattr(owner, constant, dagsters)  # Dagster's own pace
+    use()
+    # A fifth of Dagster's rest or less: a 5-s sensor ticks every 5 s, not every 10 s, and `tp retrain` waits seconds.
+    assert getattr(owner, constant) == ours <= dagsters / 5
 
     def paced_otherwise(*args, **kwargs):
         yield None
 
-    monkeypatch.setattr(backfill, "execute_backfill_iteration_loop", paced_otherwise)
+    monkeypatch.setattr(loop_module, loop, paced_otherwise)
     with pytest.raises(RuntimeError, match="update training_platform_dagster/daemon.py"):
-        use_prompt_backfills()
+        use()
