@@ -8,6 +8,7 @@ delete it by name.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,8 +35,9 @@ class PlatformHome:
     root: Path
 
     @classmethod
-    def from_env(cls) -> PlatformHome:
-        return cls(Path(os.environ.get("TP_HOME", Path.cwd() / ".data")).resolve())
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> PlatformHome:
+        """The home ENVIRON names (this process's environment by default)."""
+        return cls(Path(environ.get("TP_HOME", Path.cwd() / ".data")).resolve())
 
     @property
     def snapshots(self) -> Path | str:

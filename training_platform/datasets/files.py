@@ -18,7 +18,7 @@ import functools
 import glob
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
@@ -242,7 +242,7 @@ def _s3_files(uri: str) -> list[SourceFile]:
 
     parsed = urlparse(uri)
     parts = [part for part in parsed.path.split("/") if part]
-    magic = next((index for index, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    magic = _first_pattern(parts)
     if magic == len(parts) and parts and _is_data_file(parts[-1]):
         magic -= 1  # the URI names one object: list its folder, keep that name
     prefix, pattern = "/".join(parts[:magic]), "/".join(parts[magic:])
@@ -535,13 +535,13 @@ def _source_folder(uri: str) -> Path:
     text = uri.removeprefix("file://")
     path = Path(text).expanduser()
     if glob.has_magic(text):
-        fixed = []
-        for part in path.parts:
-            if glob.has_magic(part):
-                break
-            fixed.append(part)
-        return (Path(*fixed) if fixed else Path(".")).resolve()
+        return Path(*path.parts[: _first_pattern(path.parts)]).resolve()
     return (path if path.is_dir() else path.parent).resolve()
+
+
+def _first_pattern(parts: Sequence[str]) -> int:
+    """The index of the first of a path's PARTS that is a glob pattern; len(PARTS) where none is."""
+    return next((index for index, part in enumerate(parts) if glob.has_magic(part)), len(parts))
 
 
 def _numeric(kind: pa.DataType) -> bool:

@@ -134,8 +134,7 @@ class LocalLauncher:
         if standby.SHARED_ENV in plan.env and not standby.bound(standby.shared_address(env)):
             owner = int(os.environ[standby.SHARED_OWNER_ENV])
             # For the runs after this one; its log goes to the home of the runs it serves.
-            home = Path(env["TP_HOME"]) if env.get("TP_HOME") else PlatformHome.from_env().root
-            standby.spawn_shared(home, owner, env)
+            standby.spawn_shared(PlatformHome.from_env(env).root, owner, env)
         return JobHandle(backend=self.name, job_id=f"{proc.pid}:{plan.workdir}", run_id=plan.run_id)
 
     def status(self, handle: JobHandle) -> JobStatus:

@@ -404,3 +404,14 @@ def test_images_named_by_path_are_read_into_the_snapshot_and_a_changed_image_is_
     (data / "img" / "4.png").write_bytes(b"\x89PNG")
     with pytest.raises(SnapshotError, match=r"image 'img/0.png' is inside the platform's home"):
         build_file_snapshot(source, tmp_path / "snap", outside=data / "img")
+
+
+def test_images_are_found_from_the_folder_the_source_names(tmp_path):
+    from training_platform.datasets.files import _source_folder
+
+    data = tmp_path / "data"
+    (data / "2026").mkdir(parents=True)
+    (data / "labels.csv").write_text("file,kind\n")
+    assert _source_folder(str(data)) == data.resolve()  # a directory
+    assert _source_folder(f"file://{data / 'labels.csv'}") == data.resolve()  # a file: its folder
+    assert _source_folder(str(data / "20*" / "*.csv")) == data.resolve()  # a glob: the part before its pattern
