@@ -18,7 +18,7 @@ demo: $(BIN)/tp
 
 test: $(BIN)/tp
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 test-unit: $(BIN)/tp
 	$(BIN)/pytest -q tests/unit

@@ -25,6 +25,10 @@ def pytest_configure(config) -> None:
     # Every spec must name a declared team (training_platform/teams.py): the tests' teams, whatever
     # the developer's own TP_TEAMS says. A test of the teams file itself sets or removes it.
     os.environ["TP_TEAMS"] = str(Path(__file__).parent / "fixtures" / "teams.yaml")
+    if config.pluginmanager.hasplugin("xdist"):
+        from tests.fixtures.slurm import SlurmModulesOnOneWorker
+
+        config.pluginmanager.register(SlurmModulesOnOneWorker())
 
 
 @pytest.fixture(autouse=True, scope="module")
