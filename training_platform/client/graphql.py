@@ -14,6 +14,7 @@ newest one is the run's current state.
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
@@ -25,6 +26,10 @@ from training_platform.errors import PlatformError
 from training_platform.submission import LOCATION, PARTITION_TAG, REPOSITORY, TRAINING_JOB, TRAINING_RUNS
 
 IN_PROGRESS = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
+_BEING_STARTED = ("NOT_STARTED", "STARTING")  # dequeued, its process not yet up: Dagster cannot terminate it yet
+TERMINATE_WAIT_S = 120.0
+"""How long `terminate` asks again while a run is being started (a run process takes seconds to start, more on a
+busy machine)."""
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
 
 
@@ -234,12 +239,23 @@ class PlatformClient:
             raise ClientError(f"the server refused the backfill: {result['__typename']}: {message}")
         return result["backfillId"]
 
-    def terminate(self, dagster_run_id: str) -> None:
-        result = self.query(_TERMINATE, runId=dagster_run_id)["terminateRun"]
-        if result["__typename"] != "TerminateRunSuccess":
-            raise ClientError(
-                f"the server could not terminate run {dagster_run_id}: {result['__typename']}: {_result_text(result)}"
-            )
+    def terminate(self, dagster_run_id: str, wait_s: float = TERMINATE_WAIT_S) -> None:
+        """Terminate a run. Dagster terminates only a queued or started run: one its launcher is still starting is
+        asked again until it started (up to WAIT_S); one that ended or is being cancelled meanwhile needs nothing."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            result = self.query(_TERMINATE, runId=dagster_run_id)["terminateRun"]
+            if result["__typename"] == "TerminateRunSuccess":
+                return
+            run = self.run(dagster_run_id)
+            if run is not None and (run.finished or run.status == "CANCELING"):
+                return
+            if run is None or run.status not in _BEING_STARTED or time.monotonic() > deadline:
+                raise ClientError(
+                    f"the server could not terminate run {dagster_run_id}: {result['__typename']}: "
+                    f"{_result_text(result)}"
+                )
+            time.sleep(0.5)
 
     # ----- reading ----------------------------------------------------------------------------
     def run(self, dagster_run_id: str) -> DagsterRun | None:

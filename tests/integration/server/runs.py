@@ -11,6 +11,9 @@ from tests.fixtures.platform import ROOT, TP_POLL_S, Platform, last_json
 from tests.fixtures.worker import wait_until
 from training_platform.runlog import RunEvents
 
+PACED_SCRIPT = ROOT / "tests" / "fixtures" / "paced_train.py"
+"""A script whose steps take wall time, not CPU (its docstring): for a run that must last while a test acts on it."""
+
 
 def write_spec(directory: Path, name: str, team: str = "ml-platform", **changes) -> Path:
     """examples/digits.yaml, renamed (its own model in the registry), with `changes` merged per section."""
@@ -64,10 +67,22 @@ ENDED = ("SUCCEEDED", "FAILED", "CANCELED")
 
 def ended_row(platform: Platform, run_id: str, timeout: float = 600, row=None) -> dict:
     """The run's `tp runs --json` row once it ended; ROW(platform, run_id) reads it (default `run_row`).
-    Asked every TP_POLL_S: each `tp` is a process, and a faster pace takes a core from the run."""
+
+    Asked every TP_POLL_S, and only while the run's event log is still: each `tp` is a process with about a
+    second of CPU, and a run whose worker reported steps since the last look has not ended."""
     row = row or run_row
-    return wait_until(lambda: (r := row(platform, run_id)) and r["state"] in ENDED and r, timeout,
-                      f"run {run_id} to end", poll=TP_POLL_S)
+    events = RunEvents(platform.home / "runs" / run_id).path
+    looked = {"size": -1}
+
+    def ended() -> dict | None:
+        size = events.stat().st_size if events.is_file() else 0
+        training, looked["size"] = size != looked["size"] and looked["size"] >= 0, size
+        if training:
+            return None
+        found = row(platform, run_id)
+        return found if found and found["state"] in ENDED else None
+
+    return wait_until(ended, timeout, f"run {run_id} to end", poll=TP_POLL_S)
 
 
 def step_reached(platform: Platform, run_id: str) -> int:

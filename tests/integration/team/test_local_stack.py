@@ -19,7 +19,7 @@ import pytest
 from tests.fixtures.platform import last_json, server_logs
 from tests.fixtures.team_stack import Stack, running_stack
 from tests.fixtures.worker import wait_until
-from tests.integration.server.runs import detach, ended_row, step_reached, write_spec, write_sweep
+from tests.integration.server.runs import PACED_SCRIPT, detach, ended_row, step_reached, write_spec, write_sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -314,7 +314,7 @@ def _row(stack: Stack, run_id: str) -> dict | None:
     return next((r for r in last_json(proc)["runs"] if r["run_id"] == run_id), None)
 
 
-OUTAGE_RUN_STEPS = 50000
+OUTAGE_RUN_STEPS = 20000
 
 
 def test_tracking_server_and_s3_down_30_s_while_a_run_trains_and_checkpoints(stack, tmp_path, monkeypatch):
@@ -328,8 +328,10 @@ def test_tracking_server_and_s3_down_30_s_while_a_run_trains_and_checkpoints(sta
     spec = write_spec(
         tmp_path,
         "outage",
-        # ~110 s of training here: it must outlast the outage and the restart (~50 s, ~19000 steps) with room to
-        # spare. A save every 1000 steps still tries a dozen in the outage; each save to the bucket costs time.
+        # At least 100 s of training (5 ms a step, by the clock): it must outlast the outage and the restart
+        # (~50 s) with room to spare, however busy the machine. A save every 1000 steps (5 s) tries a few in the
+        # outage.
+        entrypoint={"script": str(PACED_SCRIPT), "args": ["--step-seconds", "0.005"]},
         training={"max_steps": OUTAGE_RUN_STEPS, "log_every": 50},
         resources={"procs_per_node": 1},
         checkpoint={"every_steps": 1000},
