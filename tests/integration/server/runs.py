@@ -72,11 +72,13 @@ def ended_row(platform: Platform, run_id: str, timeout: float = 600, row=None) -
     second of CPU, and a run whose worker reported steps since the last look has not ended."""
     row = row or run_row
     events = RunEvents(platform.home / "runs" / run_id).path
-    looked = {"size": -1}
+    last_size: int | None = None  # the event log's size at the last look
 
     def ended() -> dict | None:
+        nonlocal last_size
         size = events.stat().st_size if events.is_file() else 0
-        training, looked["size"] = size != looked["size"] and looked["size"] >= 0, size
+        training = last_size is not None and size != last_size
+        last_size = size
         if training:
             return None
         found = row(platform, run_id)

@@ -26,9 +26,9 @@ def _run(status: str) -> dict[str, Any]:
 class ScriptedServer(PlatformClient):
     """The server's answers to terminateRun and runOrError, in order, as Dagster gives them."""
 
-    def __init__(self, statuses: list[str], terminable_from: str = "STARTED"):
+    def __init__(self, statuses: list[str]):
         super().__init__("http://127.0.0.1:1")
-        self.statuses, self.terminable_from, self.asked = statuses, terminable_from, 0
+        self.statuses, self.asked = statuses, 0
 
     def query(self, document: str, **variables: Any) -> dict[str, Any]:
         status = self.statuses[0]
