@@ -17,6 +17,7 @@ from training_platform.datasets import build_snapshot
 from training_platform.launch import JobState
 from training_platform.launch.local import LOG_FILE, LocalLauncher
 from training_platform.spec import load_spec
+from training_platform.telemetry.records import TELEMETRY_FILE
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_launches")]
 
@@ -84,6 +85,9 @@ def test_user_script_resumes_exactly_after_sigterm(user_dir, home):
     assert spec.entrypoint.script == str(user_dir / "train.py")  # resolved relative to the spec file
     straight = train(home, "byo-straight", spec)
     assert straight["world_size"] == 2 and straight["final_step"] == 120
+    # The script calls only after_step: its steps still reach telemetry (tp runs, the deadline's pace).
+    telemetry = json.loads((home / "runs" / "byo-straight" / TELEMETRY_FILE).read_text())
+    assert telemetry["step"] == 120 and telemetry["figures"]["steps"] == 120, telemetry
 
     launcher = LocalLauncher(visible_gpus=0)
     handle = launch(home, "byo-preempted", spec, launcher)

@@ -50,15 +50,16 @@ class RunClock:
         finally:
             self.data_wait_s += time.monotonic() - begin
 
-    def step_started(self) -> float:
-        """Count a step (a framework's loop, whose batch fetch the platform cannot wrap, calls only this)."""
+    def step_started(self, count: int = 1) -> float:
+        """Count COUNT steps (a framework's loop, whose batch fetch the platform cannot wrap, calls only this;
+        a plain script's `after_step` counts the steps it reports done since the last call)."""
         begin = time.monotonic()
         if self._last_step_at is not None:
-            self.step_times.append(begin - self._last_step_at)
+            self.step_times.append((begin - self._last_step_at) / count)
         else:
             self.first_step_at = begin
         self._last_step_at = begin
-        self.steps += 1
+        self.steps += count
         return begin
 
     @contextlib.contextmanager

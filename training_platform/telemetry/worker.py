@@ -62,6 +62,12 @@ class WorkerTelemetry:
     def step(self) -> int:
         return self.start_step + self.clock.steps
 
+    def steps_done(self, step: int) -> None:
+        """STEP steps are done: count those the loop's own hooks (`data_wait`, `step_started`) did not, as in
+        a plain script, which calls only `after_step`; `tp runs` and the deadline's pace read the count."""
+        if step > self.step:
+            self.clock.step_started(step - self.step)
+
     def record(self, step: int, metrics: dict[str, float]) -> None:
         if self.is_main:
             self.history.append((step, dict(metrics)))

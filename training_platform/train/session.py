@@ -308,6 +308,7 @@ class TrainingSession:
         now (a preemption notice, or its trial was pruned) with STATE saved: leave the loop and call finish,
         which ends the run for the platform to resume (or as pruned). STATE may be a function, called only when
         a checkpoint is due; a metric may be a 0-d tensor, read (a wait for the device) only when reported."""
+        self._telemetry.steps_done(step)
         if metrics is not None and step % self.spec.training.log_every == 0:
             reported = metrics() if callable(metrics) else metrics
             self.report(step, {name: float(value) for name, value in reported.items()})

@@ -9,6 +9,7 @@ from training_platform.spec import parse_spec
 from training_platform.telemetry import plots
 from training_platform.telemetry.figures import RunClock, cost_usd, hourly_rate, run_figures
 from training_platform.telemetry.samplers import SystemSample
+from training_platform.telemetry.worker import WorkerTelemetry
 
 
 def spec(**resources):
@@ -40,6 +41,21 @@ def test_slow_data_drill_counts_as_data_wait(monkeypatch):
         with clock.data_wait():
             pass
     assert clock.data_wait_s >= 0.06
+
+
+def test_a_plain_scripts_after_step_counts_the_steps_its_loop_did_not(tmp_path):
+    """A plain script calls only after_step; the template's data_wait (and adapters' step_started) count
+    their own steps, which after_step must not count again. Resumed runs count from the restored step."""
+    telemetry = WorkerTelemetry(spec(), "r", tmp_path, is_main=True, samples_node=False, start_step=10)
+    telemetry.steps_done(10)
+    assert telemetry.step == 10 and telemetry.clock.steps == 0
+    telemetry.steps_done(11)
+    telemetry.steps_done(14)  # a script reporting every few steps
+    assert telemetry.step == 14 and telemetry.clock.steps == 4 and len(telemetry.clock.step_times) == 1
+    with telemetry.clock.data_wait():
+        pass
+    telemetry.steps_done(15)
+    assert telemetry.step == 15 and telemetry.clock.steps == 5
 
 
 def test_mfu_on_a_known_gpu():
