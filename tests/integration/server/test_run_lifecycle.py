@@ -18,6 +18,7 @@ import pytest
 from tests.fixtures.platform import TP_POLL_S, free_port, last_json, server_logs
 from tests.fixtures.worker import wait_until
 from tests.integration.server.runs import (
+    PACED_SCRIPT,
     detach,
     ended_row,
     processes_of,
@@ -36,8 +37,11 @@ from training_platform.spec import load_spec
 from training_platform.submission import PARTITION_TAG, TRAINING_JOB, training_run_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
-LONG = {"training": {"max_steps": 6000, "eval_every": 2000, "log_every": 50},
-        "resources": {"procs_per_node": 1}, "checkpoint": {"every_steps": 500, "keep_last": 2}}
+# Paced by the clock (PACED_SCRIPT): the run lasts through a cancel whatever else the machine runs, and leaves
+# the cores to the server under test.
+LONG = {"training": {"max_steps": 6000, "log_every": 50}, "resources": {"procs_per_node": 1},
+        "checkpoint": {"every_steps": 500, "keep_last": 2},
+        "entrypoint": {"script": str(PACED_SCRIPT), "args": ["--step-seconds", "0.005"]}}
 
 
 @pytest.fixture(scope="module")
