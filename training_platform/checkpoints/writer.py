@@ -4,8 +4,11 @@ Torch-free on purpose: the background writer process imports only this, the stor
 the manifest, so it starts in a fraction of a second and holds no training memory.
 
 Large tensors are cut into CHUNK_BYTES pieces; small tensors are packed together so a model
-of a thousand small tensors is not a thousand files (and S3 requests). Hashing and writing
-release the GIL, so a small thread pool keeps both the CPU and the disk busy.
+of a thousand small tensors is not a thousand files (and S3 requests). Chunks follow tensors: every
+tensor from PACK_BELOW_BYTES up starts a chunk of its own, and a pack holds at most PACK_BYTES, so a
+tensor that did not change is not written again because a neighbour did (a frozen backbone costs
+nothing after its first save, whatever the model's size). Hashing and writing release the GIL, so a
+small thread pool keeps both the CPU and the disk busy.
 
 GC safety (see retention.gc): chunks this save found already present are listed in a lease
 object before they are re-checked, and the re-check happens at least LEASE_SETTLE_SECONDS
@@ -45,7 +48,10 @@ from training_platform.checkpoints.storage import Storage
 from training_platform.errors import CheckpointError
 
 CHUNK_BYTES = 64 << 20
-PACK_BELOW_BYTES = 4 << 20
+# Below this a tensor shares a pack: biases and norms, whose own files would cost more than rewriting them.
+PACK_BELOW_BYTES = 256 << 10
+# A pack's most bytes: what one changed small tensor can make a save rewrite beside itself.
+PACK_BYTES = 4 << 20
 LEASE_SETTLE_SECONDS = 1.0
 # GC deletes within GC_DELETE_WINDOW_SECONDS of reading the leases (retention.py); settling must be longer.
 MIN_SETTLE_SECONDS = 0.5
@@ -344,7 +350,7 @@ def _plan_tensors(blobs: Sequence[Blob]) -> list[tuple[list[memoryview], int]]:
         if size >= PACK_BELOW_BYTES:
             plan[index] = (_pieces(blob.data), 0)
             continue
-        if pack_bytes + size > CHUNK_BYTES:
+        if pack_bytes + size > PACK_BYTES:
             flush()
         pack.append(index)
         pack_bytes += size

@@ -11,4 +11,5 @@ from training_platform.checkpoints import writer
 def small_chunks(monkeypatch):
     monkeypatch.setattr(writer, "CHUNK_BYTES", 4096)
     monkeypatch.setattr(writer, "PACK_BELOW_BYTES", 1024)
+    monkeypatch.setattr(writer, "PACK_BYTES", 4096)
     monkeypatch.setattr(writer, "MIN_SETTLE_SECONDS", 0.0)
