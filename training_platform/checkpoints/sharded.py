@@ -55,8 +55,12 @@ def save_sharded(
     weights: dict[str, Any] | None = None,
     process_group=None,
     staging_root: str | Path | None = None,
+    stall_seconds: float | None = None,
 ) -> CheckpointManifest:
     """Collective: every rank calls it; returns the manifest (on every rank).
+
+    `stall_seconds`: what a save written in the background cost the loop (its copy of the state); None when the
+    loop waits for this call, which is then all stall.
 
     `weights` (rank 0's, when given): the full model weights, stored beside the shards as tensors
     that `CheckpointStore.load` reads (`{"model": weights}`).
@@ -71,20 +75,23 @@ def save_sharded(
         if weights is not None and rank == 0:
             skeleton, tensors = flatten_state({"model": weights})
             blobs = [tensor_blob(tensor) for tensor in tensors]
-        written = write_chunks(store.storage, files=files, skeleton=skeleton, blobs=blobs)
-        digests = {ref.digest for ref in written.files.values() for ref in ref.chunks}
-        digests |= {ref.digest for ref in written.tensors for ref in ref.chunks}
-        digests |= {written.skeleton.digest} if written.skeleton else set()
-        lease = protect_reused(store.storage, run_id, step, digests, written.stats, store.lease_settle_seconds)
-        parts = _gather(
-            {
+        try:
+            written = write_chunks(store.storage, files=files, skeleton=skeleton, blobs=blobs)
+            digests = {ref.digest for ref in written.files.values() for ref in ref.chunks}
+            digests |= {ref.digest for ref in written.tensors for ref in ref.chunks}
+            digests |= {written.skeleton.digest} if written.skeleton else set()
+            lease = protect_reused(store.storage, run_id, step, digests, written.stats, store.lease_settle_seconds)
+            part = {
                 "files": {name: ref.model_dump() for name, ref in written.files.items()},
                 "written": written.stats.bytes_written,
                 "deduplicated": written.stats.bytes_deduplicated,
                 "lease": lease,
-            },
-            process_group,
-        )
+            }
+        except (CheckpointError, OSError) as exc:  # told to every rank: none waits for a part that will not come
+            part = {"error": f"rank {rank}: {exc}"}
+        parts = _gather(part, process_group)
+        if failed := [p["error"] for p in parts if "error" in p]:
+            raise CheckpointError(f"checkpoint step {step} was not written: {failed[0]}")
         manifest = None
         if rank == 0:
             merged = {}
@@ -107,7 +114,8 @@ def save_sharded(
                     save=SaveRecord(
                         bytes_written=sum(p["written"] for p in parts),
                         bytes_deduplicated=sum(p["deduplicated"] for p in parts),
-                        background_seconds=time.monotonic() - started,
+                        stall_seconds=time.monotonic() - started if stall_seconds is None else stall_seconds,
+                        background_seconds=0.0 if stall_seconds is None else time.monotonic() - started,
                     ),
                 ),
                 store.signer,

@@ -65,6 +65,10 @@ class SessionHooks(Protocol):
         """After a strategy's own collective save (sharded DCP, DeepSpeed, a framework's directory): retention,
         the save's cost, the run's events. Main rank only; others return."""
 
+    def checkpoint_failed(self, step: int, error: str) -> None:
+        """After a strategy's save in the background failed on every rank: training goes on, the next save
+        tries again, and the previous checkpoint stays restorable."""
+
     def checkpoint_restored(self, manifest: CheckpointManifest, step: int) -> None:
         """After a strategy or framework restored its own checkpoint (RNG already set by it)."""
 

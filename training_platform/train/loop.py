@@ -53,6 +53,7 @@ def train(session: TrainingSession) -> dict:
             inputs, targets = next(batches)
         loss = data.loss(strategy.forward(inputs), targets)
         strategy.step(loss)
+        strategy.poll()
         step += 1
         meter.step_done()
 
@@ -71,9 +72,11 @@ def train(session: TrainingSession) -> dict:
         if step < cfg.max_steps and session.should_stop():
             if not saved:
                 strategy.save(step, val_metrics)
+            strategy.flush()
             session.hooks.exit_preempted(step)
 
     if session.dist.is_main:  # the loop's own figures, for benchmarks and `tp` (run telemetry has the rest)
         (session.run_dir / LOOP_SUMMARY).write_text(json.dumps(meter.summary()))
+    strategy.flush()
     weights = final_weights if final_weights is not None else strategy.full_state_dict()
     return session.finish(weights, step, val_metrics)

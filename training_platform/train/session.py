@@ -610,6 +610,10 @@ class _Hooks:
             "checkpoint", f"checkpoint step {manifest.step} ({manifest.attributes.get('format')}): {manifest.uri}"
         )
 
+    def checkpoint_failed(self, step: int, error: str) -> None:
+        if self.session.dist.is_main:
+            self.session._checkpoint_failed(step, error)
+
     def checkpoint_restored(self, manifest: CheckpointManifest, step: int) -> None:
         session = self.session
         session._resumed_from_step = step

@@ -16,6 +16,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from training_platform.checkpoints import AsyncCheckpointer, open_store
 from training_platform.checkpoints.sharded import restore_latest_sharded, save_sharded
+from training_platform.errors import CheckpointError
 
 RUN = "dcp-run"
 
@@ -51,6 +52,7 @@ def save(store_uri: str, out: str) -> None:
     store = open_store(store_uri)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     manifest = save_sharded(store, RUN, 1, {"model": model_sd, "optim": optim_sd}, {"loss": 0.5})
+    refuse_a_save_on_one_rank(store, {"model": model_sd, "optim": optim_sd}, rank)
     full_model, full_optim = get_state_dict(
         model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
@@ -64,6 +66,25 @@ def save(store_uri: str, out: str) -> None:
         assert result.ok, result.error
     dist.barrier()
     dist.destroy_process_group()
+
+
+def refuse_a_save_on_one_rank(store, state: dict, rank: int) -> None:
+    """A save whose storage fails on rank 1 fails on both ranks (neither waits for the other's part), and no
+    checkpoint of it becomes visible."""
+    stat = store.storage.stat
+    if rank == 1:
+        def refuse(key):
+            raise OSError(28, "No space left on device")
+        store.storage.stat = refuse
+    try:
+        save_sharded(store, RUN, 2, state)
+    except CheckpointError as exc:
+        assert "rank 1" in str(exc) and "No space left on device" in str(exc), exc
+    else:
+        raise AssertionError(f"rank {rank}: a save that failed on rank 1 was reported written")
+    finally:
+        store.storage.stat = stat
+    assert [m.step for m in store.list(RUN)] == [1]
 
 
 def restore(store_uri: str, out: str) -> None:

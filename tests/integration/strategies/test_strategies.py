@@ -22,6 +22,7 @@ from tests.fixtures.crafted import Payload
 from tests.fixtures.worker import launch, wait
 from tests.integration.strategies.runs import make_spec, train
 from training_platform.checkpoints import open_store
+from training_platform.checkpoints.layout import manifest_key
 from training_platform.datasets import build_snapshot
 from training_platform.launch import JobState
 from training_platform.launch.local import LOG_FILE, LocalLauncher
@@ -90,6 +91,21 @@ def test_resume_is_exact(home, snapshot_id, straight, label):
     resumed = train(home, run_id, make_spec(home, snapshot_id, strategy, **extra))
     assert resumed["resumed_from_step"] == 10
     assert resumed["final_weights_sha256"] == straight[label]["final_weights_sha256"]
+
+
+def test_fsdp_writes_a_periodic_save_in_the_background_and_resumes_exactly_from_it(home, snapshot_id, straight):
+    """The loop waits only for the copy of each rank's shard; the last save, the run's result, is written before
+    the run ends. With the last checkpoint gone, a run resumes from the one written in the background."""
+    periodic, last = open_store(home / "checkpoints").list("straight-fsdp")
+    assert 0 < periodic.save.stall_seconds < periodic.save.background_seconds, periodic.save
+    assert last.save.background_seconds == 0 and last.save.stall_seconds > 0, last.save
+
+    run_id, spec = "background-fsdp", make_spec(home, snapshot_id, "fsdp")
+    assert train(home, run_id, spec)["final_weights_sha256"] == straight["fsdp"]["final_weights_sha256"]
+    (home / "checkpoints" / manifest_key(run_id, 20)).unlink()
+    resumed = train(home, run_id, spec)
+    assert resumed["resumed_from_step"] == 10
+    assert resumed["final_weights_sha256"] == straight["fsdp"]["final_weights_sha256"]
 
 
 @pytest.mark.parametrize("label", list(STRATEGIES))

@@ -51,6 +51,14 @@ class Strategy(ABC):
         same checkpoint as plain tensors, which evaluation reads without the strategy's own format.
         """
 
+    def poll(self) -> None:
+        """Once a step: the bookkeeping of a save that ended in the background (a strategy that saves so)."""
+        return None
+
+    def flush(self) -> None:
+        """Wait until the saves in flight are durable (or reported failed): before the run ends or leaves."""
+        return None
+
     @abstractmethod
     def restore(self) -> int | None:
         """Collective: load the newest checkpoint this strategy wrote; the step, or None."""

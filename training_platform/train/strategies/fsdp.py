@@ -2,11 +2,14 @@
 states are sharded across ranks and gathered layer by layer for each forward and backward.
 
 Checkpoints are sharded: each rank writes its own shard through torch.distributed.checkpoint
-into the checkpoint store (``checkpoints.sharded``), so no rank ever holds the whole model.
+into the checkpoint store (``checkpoints.sharded``), so no rank ever holds the whole model. With
+``checkpoint.async_save`` (the default) a periodic save is written in the background
+(``background_save``): the loop waits only for the copy of each rank's shard.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -19,7 +22,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from training_platform.checkpoints.sharded import DCP_FORMAT, list_on_main, restore_latest_sharded, save_sharded
+from training_platform.errors import CheckpointError
 from training_platform.train.rng_json import rng_states_from_json, rng_states_to_json
+from training_platform.train.strategies.background_save import BackgroundShardedSaves
 from training_platform.train.strategies.base import OptimizerFactory, Strategy, Weights
 
 FORMAT = DCP_FORMAT
@@ -50,6 +55,7 @@ class FSDPStrategy(Strategy):
             fully_shard(model, mesh=mesh)
         self.module = model
         self.optimizer = make_optimizer(model.parameters())
+        self._background = BackgroundShardedSaves() if self.session.spec.checkpoint.async_save else None
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         return self.module(*inputs)
@@ -65,11 +71,35 @@ class FSDPStrategy(Strategy):
 
     def save(self, step: int, metrics: dict[str, float], *, final_weights: Weights | None = None) -> None:
         started = time.monotonic()
+        self._collect(wait=True)  # one save in flight: the one before first
         # RNG states as one JSON item: DCP would otherwise flatten the lists inside them into keys.
         state = self._state() | {"rng": rng_states_to_json(self.gathered_rng()).encode(), "step": step}
-        weights = final_weights if self.session.dist.is_main else None  # complete on rank 0 only
-        manifest = save_sharded(self.session.hooks.store, self.session.run_id, step, state, metrics, weights=weights)
-        self.record_saved(manifest, time.monotonic() - started)
+        save = functools.partial(save_sharded, self.session.hooks.store, self.session.run_id, step, metrics=metrics)
+        if self._background is None or final_weights is not None:
+            # The last save (with the weights gathered on rank 0) is the run's result: written before it ends.
+            weights = final_weights if self.session.dist.is_main else None  # complete on rank 0 only
+            self.record_saved(save(state, weights=weights), time.monotonic() - started)
+            return
+        self._background.submit(
+            step, state, lambda staged, group, stall: save(staged, process_group=group, stall_seconds=stall), started
+        )
+
+    def poll(self) -> None:
+        self._collect(wait=False)
+
+    def flush(self) -> None:
+        self._collect(wait=True)
+
+    def _collect(self, wait: bool) -> None:
+        finished = self._background.finished(wait) if self._background is not None else None
+        if finished is None:
+            return
+        if isinstance(finished.error, CheckpointError):  # agreed by every rank: training goes on
+            self.session.hooks.checkpoint_failed(finished.step, str(finished.error))
+        elif finished.error is not None:
+            raise finished.error
+        else:
+            self.record_saved(finished.manifest, finished.stall_seconds)
 
     def restore(self) -> int | None:
         session = self.session
