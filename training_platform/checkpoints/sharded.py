@@ -23,7 +23,7 @@ from training_platform.checkpoints.dcp_safe import SafeFileSystemReader, SafeLoa
 from training_platform.checkpoints.manifest import CheckpointManifest, SaveRecord
 from training_platform.checkpoints.serialization import flatten_state, tensor_blob
 from training_platform.checkpoints.store import CheckpointStore, RunCheckpoints, nothing_restores
-from training_platform.checkpoints.writer import protect_reused, publish, write_chunks
+from training_platform.checkpoints.writer import WrittenChunks, protect_reused, publish, write_chunks
 from training_platform.errors import CheckpointError
 
 DCP_FORMAT = "torch.distributed.checkpoint"
@@ -92,40 +92,61 @@ def save_sharded(
         parts = _gather(part, process_group)
         if failed := [p["error"] for p in parts if "error" in p]:
             raise CheckpointError(f"checkpoint step {step} was not written: {failed[0]}")
-        manifest = None
+        outcome: CheckpointManifest | str | None = None
         if rank == 0:
-            merged = {}
-            for part in parts:
-                for name, ref in part["files"].items():
-                    if name in merged and merged[name] != ref:
-                        raise CheckpointError(f"two ranks wrote different contents for DCP file {name}")
-                    merged[name] = ref
-            manifest = publish(
-                store.storage,
-                CheckpointManifest(
-                    run_id=run_id,
-                    step=step,
-                    kind="files",
-                    files=merged,
-                    skeleton=written.skeleton,
-                    tensors=written.tensors,
-                    metrics=metrics or {},
-                    attributes={"format": DCP_FORMAT, "world_size": len(parts)},
-                    save=SaveRecord(
-                        bytes_written=sum(p["written"] for p in parts),
-                        bytes_deduplicated=sum(p["deduplicated"] for p in parts),
-                        stall_seconds=time.monotonic() - started if stall_seconds is None else stall_seconds,
-                        background_seconds=0.0 if stall_seconds is None else time.monotonic() - started,
-                    ),
-                ),
-                store.signer,
-                [p["lease"] for p in parts],
-            )
-            manifest = store.located(manifest, "hot")
+            try:
+                outcome = _publish_parts(store, run_id, step, parts, written, metrics, started, stall_seconds)
+            except (CheckpointError, OSError) as exc:  # told to every rank, which waits for the outcome
+                outcome = f"rank 0: {exc}"
         # No rank returns before the checkpoint is visible: the caller may prune or exit next.
-        return _broadcast(manifest, process_group)
+        outcome = _broadcast(outcome, process_group)
+        if isinstance(outcome, str):
+            raise CheckpointError(f"checkpoint step {step} was not written: {outcome}")
+        return outcome
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _publish_parts(
+    store: CheckpointStore,
+    run_id: str,
+    step: int,
+    parts: list[dict[str, Any]],
+    written: WrittenChunks,
+    metrics: dict[str, float] | None,
+    started: float,
+    stall_seconds: float | None,
+) -> CheckpointManifest:
+    """Rank 0: the manifest listing every rank's files (and rank 0's weights), written last."""
+    merged = {}
+    for part in parts:
+        for name, ref in part["files"].items():
+            if name in merged and merged[name] != ref:
+                raise CheckpointError(f"two ranks wrote different contents for DCP file {name}")
+            merged[name] = ref
+    elapsed = time.monotonic() - started
+    manifest = publish(
+        store.storage,
+        CheckpointManifest(
+            run_id=run_id,
+            step=step,
+            kind="files",
+            files=merged,
+            skeleton=written.skeleton,
+            tensors=written.tensors,
+            metrics=metrics or {},
+            attributes={"format": DCP_FORMAT, "world_size": len(parts)},
+            save=SaveRecord(
+                bytes_written=sum(p["written"] for p in parts),
+                bytes_deduplicated=sum(p["deduplicated"] for p in parts),
+                stall_seconds=elapsed if stall_seconds is None else stall_seconds,
+                background_seconds=0.0 if stall_seconds is None else elapsed,
+            ),
+        ),
+        store.signer,
+        [p["lease"] for p in parts],
+    )
+    return store.located(manifest, "hot")
 
 
 def list_on_main(store: CheckpointStore, run_id: str, *, process_group=None) -> RunCheckpoints:

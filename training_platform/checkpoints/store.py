@@ -130,11 +130,13 @@ class CheckpointStore:
         attributes: dict[str, str | int | float] | None = None,
         *,
         weights: dict[str, Any] | None = None,
+        stall_seconds: float = 0.0,
     ) -> tuple[CheckpointManifest, SaveStats]:
         """Checkpoint a directory's files (DCP shards, DeepSpeed output) as chunks; manifest last.
 
         `weights`: the full model weights, stored beside the files as tensors that `load` reads
         (`{"model": weights}`), for readers that must not parse the framework's files.
+        `stall_seconds`: what writing the files cost the training loop, for the save's record.
         """
         from training_platform.checkpoints.serialization import flatten_state, tensor_blob
 
@@ -152,6 +154,7 @@ class CheckpointStore:
             metrics=metrics,
             attributes=attributes,
             lease_settle_seconds=self.lease_settle_seconds,
+            stall_seconds=stall_seconds,
         )
         return self.located(manifest, "hot"), stats
 

@@ -11,15 +11,17 @@ same weights as the uninterrupted run, for every strategy.
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.fixtures.crafted import Payload
-from tests.fixtures.worker import launch, wait
+from tests.fixtures.worker import job_pid, launch, wait, wait_for_step
 from tests.integration.strategies.runs import make_spec, train
 from training_platform.checkpoints import open_store
 from training_platform.checkpoints.layout import manifest_key
@@ -93,19 +95,43 @@ def test_resume_is_exact(home, snapshot_id, straight, label):
     assert resumed["final_weights_sha256"] == straight[label]["final_weights_sha256"]
 
 
-def test_fsdp_writes_a_periodic_save_in_the_background_and_resumes_exactly_from_it(home, snapshot_id, straight):
-    """The loop waits only for the copy of each rank's shard; the last save, the run's result, is written before
-    the run ends. With the last checkpoint gone, a run resumes from the one written in the background."""
-    periodic, last = open_store(home / "checkpoints").list("straight-fsdp")
-    assert 0 < periodic.save.stall_seconds < periodic.save.background_seconds, periodic.save
-    assert last.save.background_seconds == 0 and last.save.stall_seconds > 0, last.save
+@pytest.mark.parametrize("label", ["fsdp", "zero2"])
+def test_a_periodic_save_is_written_in_the_background_and_resumes_exactly(home, snapshot_id, straight, label):
+    """The loop waits only for the copy of the state (FSDP: each rank's shard; DeepSpeed: its files, staged);
+    the last save, the run's result, is written before the run ends. With the last checkpoint gone, a run
+    resumes from the one written in the background."""
+    periodic, last = open_store(home / "checkpoints").list(f"straight-{label}")
+    assert periodic.save.stall_seconds > 0 and periodic.save.background_seconds > 0, periodic.save
+    # Written while the loop waited: FSDP records it all as stall, DeepSpeed's file store all as background.
+    assert (last.save.background_seconds if label == "fsdp" else last.save.stall_seconds) == 0, last.save
 
-    run_id, spec = "background-fsdp", make_spec(home, snapshot_id, "fsdp")
-    assert train(home, run_id, spec)["final_weights_sha256"] == straight["fsdp"]["final_weights_sha256"]
+    strategy, extra = STRATEGIES[label]
+    run_id, spec = f"background-{label}", make_spec(home, snapshot_id, strategy, **extra)
+    assert train(home, run_id, spec)["final_weights_sha256"] == straight[label]["final_weights_sha256"]
     (home / "checkpoints" / manifest_key(run_id, 20)).unlink()
     resumed = train(home, run_id, spec)
     assert resumed["resumed_from_step"] == 10
-    assert resumed["final_weights_sha256"] == straight["fsdp"]["final_weights_sha256"]
+    assert resumed["final_weights_sha256"] == straight[label]["final_weights_sha256"]
+
+
+@pytest.mark.parametrize("label", ["fsdp", "zero2"])
+def test_a_preempted_run_leaves_once_its_emergency_checkpoint_is_durable(home, snapshot_id, label):
+    """SIGTERM while periodic saves are written in the background: the run waits for the one in flight, writes
+    the emergency checkpoint, leaves as preempted, and its next attempt resumes from exactly that step."""
+    strategy, extra = STRATEGIES[label]
+    run_id = f"preempted-{label}"
+    spec = make_spec(home, snapshot_id, strategy, training={"max_steps": 400, "eval_every": 400},
+                     checkpoint={"every_steps": 25}, **extra)
+    launcher = LocalLauncher(visible_gpus=0)
+    handle = launch(home, run_id, spec, launcher)
+    wait_for_step(home, run_id, 60)
+    os.killpg(job_pid(handle), signal.SIGTERM)
+    assert wait(launcher, handle).state == JobState.PREEMPTED
+    stopped = max(m.step for m in open_store(home / "checkpoints").list(run_id))
+    log = (home / "runs" / run_id / LOG_FILE).read_text()
+    assert f"preempted at step {stopped}: emergency checkpoint written" in log, log[-3000:]
+    resumed = train(home, run_id, spec)
+    assert resumed["resumed_from_step"] == stopped and resumed["final_step"] == 400
 
 
 @pytest.mark.parametrize("label", list(STRATEGIES))

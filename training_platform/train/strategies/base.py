@@ -10,8 +10,10 @@ import torch
 from torch import nn
 
 from training_platform.checkpoints import CheckpointManifest
+from training_platform.errors import CheckpointError
 from training_platform.train import distributed
 from training_platform.train.session import TrainingSession
+from training_platform.train.strategies.background_save import BackgroundSaves
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 Weights = dict[str, torch.Tensor]
@@ -30,6 +32,8 @@ class Strategy(ABC):
         self.session = session
         self.module: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        # Where periodic saves are written in the background (checkpoint.async_save), by the strategies that can.
+        self.background: BackgroundSaves | None = None
 
     @abstractmethod
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
@@ -52,12 +56,23 @@ class Strategy(ABC):
         """
 
     def poll(self) -> None:
-        """Once a step: the bookkeeping of a save that ended in the background (a strategy that saves so)."""
-        return None
+        """Once a step: the bookkeeping of a save that ended in the background."""
+        self._collect(wait=False)
 
     def flush(self) -> None:
-        """Wait until the saves in flight are durable (or reported failed): before the run ends or leaves."""
-        return None
+        """Wait until the save in flight is durable (or reported failed): before the next, the end, a preemption."""
+        self._collect(wait=True)
+
+    def _collect(self, wait: bool) -> None:
+        finished = self.background.finished(wait) if self.background is not None else None
+        if finished is None:
+            return
+        if isinstance(finished.error, CheckpointError | OSError):  # training goes on; the next save tries again
+            self.session.hooks.checkpoint_failed(finished.step, str(finished.error))
+        elif finished.error is not None:
+            raise finished.error
+        else:
+            self.record_saved(finished.manifest, finished.stall_seconds)
 
     @abstractmethod
     def restore(self) -> int | None:

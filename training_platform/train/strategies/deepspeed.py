@@ -7,7 +7,9 @@ session opened.
 Checkpoints: DeepSpeed's own ``save_checkpoint`` writes every rank's files into a staging
 directory under the run directory (shared by all ranks, as DeepSpeed itself assumes), then
 rank 0 publishes them through the checkpoint store as one files checkpoint (chunks first,
-manifest last). Restore fetches and verifies the files, then ``load_checkpoint`` reads them.
+manifest last): with ``checkpoint.async_save`` (the default), a periodic save's in the background
+(``background_save``), so the loop waits only for DeepSpeed's writes to the staging directory.
+Restore fetches and verifies the files, then ``load_checkpoint`` reads them.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from training_platform.checkpoints import CheckpointManifest
 from training_platform.checkpoints.sharded import list_on_main, written_as
 from training_platform.checkpoints.store import nothing_restores
 from training_platform.errors import CheckpointError, SpecError
 from training_platform.spec import TrainSpec
 from training_platform.train.rng_json import rng_states_from_json, rng_states_to_json
+from training_platform.train.strategies.background_save import BackgroundSaves
 from training_platform.train.strategies.base import OptimizerFactory, Strategy, Weights
 
 FORMAT = "deepspeed"
@@ -97,6 +101,8 @@ class DeepSpeedStrategy(Strategy):
         # Restores read the store's files: with weights_only, not DeepSpeed's full unpickling.
         self.engine.checkpoint_engine = SafeCheckpointEngine(config_params=self.engine._config)
         self.module = self.engine.module
+        if self.session.spec.checkpoint.async_save and self.session.dist.is_main:  # rank 0 alone stores the files
+            self.background = BackgroundSaves()
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         return self.engine(*inputs)
@@ -108,25 +114,39 @@ class DeepSpeedStrategy(Strategy):
     # ----- checkpoints ----------------------------------------------------------------------------
     def save(self, step: int, metrics: dict[str, float], *, final_weights: Weights | None = None) -> None:
         session, started = self.session, time.monotonic()
+        self.flush()  # one save in flight: the one before first
         staging = session.run_dir / "deepspeed-staging" / f"step-{step}"
         # DeepSpeed writes client_state once (model-states file of rank 0), so gather all ranks' RNG.
         client_state = {"rng": rng_states_to_json(self.gathered_rng()), "step": step}
         self.engine.save_checkpoint(str(staging), tag=TAG, client_state=client_state)
-        _barrier()
-        manifest = None
-        try:
-            if session.dist.is_main:
+        _barrier()  # every rank's files are in the staging directory
+        # The last save (with the weights gathered on rank 0) is the run's result: stored before it ends.
+        in_background = session.spec.checkpoint.async_save and final_weights is None
+        if not session.dist.is_main:
+            if not in_background:
+                _barrier()  # no rank goes on before the checkpoint is visible
+            return
+        attributes = {"format": FORMAT, "zero_stage": self.stage, "world_size": session.dist.world_size}
+
+        def store_files(stall_seconds: float = 0.0) -> CheckpointManifest:
+            try:
                 files = {str(p.relative_to(staging)): p for p in sorted(staging.rglob("*")) if p.is_file()}
-                attributes = {"format": FORMAT, "zero_stage": self.stage, "world_size": session.dist.world_size}
                 manifest, _ = session.hooks.store.save_files(
-                    session.run_id, step, files, metrics, attributes, weights=final_weights
+                    session.run_id, step, files, metrics, attributes, weights=final_weights, stall_seconds=stall_seconds
                 )
-            _barrier()  # no rank goes on before the checkpoint is visible
-        finally:
-            if session.dist.is_main:
+                return manifest
+            finally:
                 shutil.rmtree(staging, ignore_errors=True)
-        if manifest is not None:
-            self.record_saved(manifest, time.monotonic() - started)
+
+        if in_background:
+            stall = time.monotonic() - started
+            self.background.submit(step, lambda: store_files(stall), stall)
+            return
+        try:
+            manifest = store_files()
+        finally:
+            _barrier()
+        self.record_saved(manifest, time.monotonic() - started)
 
     def restore(self) -> int | None:
         session = self.session

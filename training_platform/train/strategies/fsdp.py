@@ -22,9 +22,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from training_platform.checkpoints.sharded import DCP_FORMAT, list_on_main, restore_latest_sharded, save_sharded
-from training_platform.errors import CheckpointError
 from training_platform.train.rng_json import rng_states_from_json, rng_states_to_json
-from training_platform.train.strategies.background_save import BackgroundShardedSaves
+from training_platform.train.strategies.background_save import BackgroundSaves, ShardStaging
 from training_platform.train.strategies.base import OptimizerFactory, Strategy, Weights
 
 FORMAT = DCP_FORMAT
@@ -55,7 +54,8 @@ class FSDPStrategy(Strategy):
             fully_shard(model, mesh=mesh)
         self.module = model
         self.optimizer = make_optimizer(model.parameters())
-        self._background = BackgroundShardedSaves() if self.session.spec.checkpoint.async_save else None
+        if self.session.spec.checkpoint.async_save:
+            self.background, self._staging = BackgroundSaves(), ShardStaging()
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         return self.module(*inputs)
@@ -71,35 +71,20 @@ class FSDPStrategy(Strategy):
 
     def save(self, step: int, metrics: dict[str, float], *, final_weights: Weights | None = None) -> None:
         started = time.monotonic()
-        self._collect(wait=True)  # one save in flight: the one before first
+        self.flush()  # one save in flight: the one before first
         # RNG states as one JSON item: DCP would otherwise flatten the lists inside them into keys.
         state = self._state() | {"rng": rng_states_to_json(self.gathered_rng()).encode(), "step": step}
         save = functools.partial(save_sharded, self.session.hooks.store, self.session.run_id, step, metrics=metrics)
-        if self._background is None or final_weights is not None:
+        if self.background is None or final_weights is not None:
             # The last save (with the weights gathered on rank 0) is the run's result: written before it ends.
             weights = final_weights if self.session.dist.is_main else None  # complete on rank 0 only
             self.record_saved(save(state, weights=weights), time.monotonic() - started)
             return
-        self._background.submit(
-            step, state, lambda staged, group, stall: save(staged, process_group=group, stall_seconds=stall), started
+        staged = self._staging.copy(state)
+        stall = time.monotonic() - started
+        self.background.submit(
+            step, lambda: save(staged, process_group=self._staging.group, stall_seconds=stall), stall
         )
-
-    def poll(self) -> None:
-        self._collect(wait=False)
-
-    def flush(self) -> None:
-        self._collect(wait=True)
-
-    def _collect(self, wait: bool) -> None:
-        finished = self._background.finished(wait) if self._background is not None else None
-        if finished is None:
-            return
-        if isinstance(finished.error, CheckpointError):  # agreed by every rank: training goes on
-            self.session.hooks.checkpoint_failed(finished.step, str(finished.error))
-        elif finished.error is not None:
-            raise finished.error
-        else:
-            self.record_saved(finished.manifest, finished.stall_seconds)
 
     def restore(self) -> int | None:
         session = self.session

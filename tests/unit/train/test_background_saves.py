@@ -1,0 +1,84 @@
+"""A strategy's saves in the background: one in flight, their outcome told to the session in the loop's thread."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from training_platform.checkpoints import CheckpointManifest
+from training_platform.errors import CheckpointError
+from training_platform.train.strategies.background_save import BackgroundSaves
+from training_platform.train.strategies.ddp import DDPStrategy
+
+
+class Hooks:
+    """What a session's hooks are told (the session's own bookkeeping is tested with real runs)."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[int, float]] = []
+        self.failed: list[tuple[int, str]] = []
+
+    def checkpoint_saved(self, manifest: CheckpointManifest, seconds: float = 0.0) -> None:
+        self.saved.append((manifest.step, seconds))
+
+    def checkpoint_failed(self, step: int, error: str) -> None:
+        self.failed.append((step, error))
+
+
+def strategy() -> tuple[DDPStrategy, Hooks]:
+    hooks = Hooks()
+    result = DDPStrategy(SimpleNamespace(hooks=hooks))
+    result.background = BackgroundSaves()
+    return result, hooks
+
+
+def test_a_save_is_told_once_it_ended_with_the_loops_stall_and_polls_before_do_not_wait():
+    saving, hooks = strategy()
+    release = threading.Event()
+
+    def save() -> CheckpointManifest:
+        release.wait(30)
+        return CheckpointManifest(run_id="r", step=10, kind="state")
+
+    saving.background.submit(10, save, stall_seconds=0.02)
+    saving.poll()
+    assert hooks.saved == []  # still being written: the loop goes on
+    release.set()
+    saving.flush()
+    assert hooks.saved == [(10, 0.02)]
+    saving.flush()  # nothing in flight: nothing more to tell
+    assert hooks.saved == [(10, 0.02)]
+
+
+@pytest.mark.parametrize("error", [CheckpointError("store refused"), OSError(28, "No space left on device")])
+def test_a_failed_save_is_reported_and_training_goes_on(error):
+    saving, hooks = strategy()
+
+    def save() -> CheckpointManifest:
+        raise error
+
+    saving.background.submit(20, save, stall_seconds=0.01)
+    saving.flush()
+    assert hooks.saved == [] and hooks.failed == [(20, str(error))]
+
+
+def test_a_bug_in_a_background_save_fails_the_run_in_the_loops_thread():
+    saving, _ = strategy()
+
+    def save() -> CheckpointManifest:
+        raise KeyError("model")
+
+    saving.background.submit(30, save, stall_seconds=0.01)
+    with pytest.raises(KeyError):
+        saving.flush()
+
+
+def test_one_save_in_flight_at_a_time():
+    saving, _ = strategy()
+    release = threading.Event()
+    saving.background.submit(10, lambda: release.wait(30), stall_seconds=0.0)
+    with pytest.raises(AssertionError, match="before the next"):
+        saving.background.submit(20, lambda: None, stall_seconds=0.0)
+    release.set()
