@@ -105,6 +105,20 @@ def test_new_data_sensor_requests_exactly_the_new_or_changed_day(home, instance)
     assert corrected.run_requests[0].run_config == snapshot_run_config("digits_daily")
 
 
+def test_new_data_sensor_leaves_out_a_drop_its_days_snapshot_was_built_from(home, instance):
+    """`tp retrain` backfilled the day: the sensor's first look must not build it again."""
+    landing = default_landing(home.root)
+    seed_landing(landing, NOV[2], 2)
+    assert _snapshot(instance, NOV[2]).success
+    first = _tick(new_data_sensor, instance)
+    assert [r.partition_key for r in first.run_requests] == ["2026-11-03"]
+    # The built day's drop corrected: built again.
+    table = pq.read_table(landing / "2026-11-02.parquet")
+    pq.write_table(table.slice(0, 100), landing / "2026-11-02.parquet")
+    corrected = _tick(new_data_sensor, instance, first.cursor)
+    assert [r.partition_key for r in corrected.run_requests] == ["2026-11-02"]
+
+
 def test_nightly_tick_registers_the_days_run_and_requests_its_snapshot(home, instance):
     seed_landing(default_landing(home.root), NOV[2], 3)
     context = dg.build_schedule_context(
