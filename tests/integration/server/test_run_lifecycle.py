@@ -39,7 +39,8 @@ from training_platform.submission import PARTITION_TAG, TRAINING_JOB, training_r
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 # Paced by the clock (PACED_SCRIPT): the run lasts through a cancel whatever else the machine runs, and leaves
 # the cores to the server under test.
-LONG = {"training": {"max_steps": 6000, "log_every": 50}, "resources": {"procs_per_node": 1},
+LONG_STEPS = 3000  # at least 12.5 s past the cancel's step 500, at 5 ms a step
+LONG = {"training": {"max_steps": LONG_STEPS, "log_every": 50}, "resources": {"procs_per_node": 1},
         "checkpoint": {"every_steps": 500, "keep_last": 2},
         "entrypoint": {"script": str(PACED_SCRIPT), "args": ["--step-seconds", "0.005"]}}
 
@@ -65,13 +66,13 @@ def _cancel_mid_run_then_resume(platform, spec, reference: dict, *launcher: str)
     # 10 s from the cancel, plus the `tp` client's own start on a loaded machine.
     assert time.monotonic() - asked < 15, "a process of the run outlived the cancel by more than 10 s"
     stopped_at = step_reached(platform, run_id)
-    assert 500 <= stopped_at < 6000, stopped_at  # cancelled mid-run: the rest is the resume's
+    assert 500 <= stopped_at < LONG_STEPS, stopped_at  # cancelled mid-run: the rest is the resume's
     assert run_row(platform, run_id)["state"] == "CANCELED"
 
     resumed = platform.tp("resume", run_id, "--json")
     assert resumed.returncode == 0, resumed.stderr[-3000:] + server_logs(platform.home)
     summary = last_json(resumed)
-    assert summary["status"] == "SUCCEEDED" and summary["final_step"] == 6000
+    assert summary["status"] == "SUCCEEDED" and summary["final_step"] == LONG_STEPS
     assert weights_of(summary) == weights_of(reference)  # exactly the uninterrupted weights
     kinds = [e["kind"] for e in RunEvents(platform.home / "runs" / run_id).read()]
     assert "resumed" in kinds  # from its newest checkpoint, not from scratch
@@ -117,7 +118,8 @@ def test_logs_print_the_worker_log_of_a_run(platform, reference):
     proc = platform.tp("logs", reference["run_id"])
     assert proc.returncode == 0, proc.stderr
     assert f"run {reference['run_id']}: 1 process(es)" in proc.stdout
-    assert "step 6000:" in proc.stdout and f"finished at step 6000: weights {reference['final_weights_sha256'][:12]}" \
+    assert f"step {LONG_STEPS}:" in proc.stdout
+    assert f"finished at step {LONG_STEPS}: weights {reference['final_weights_sha256'][:12]}" \
         in proc.stdout
 
 
@@ -127,7 +129,7 @@ def test_runs_lists_team_state_steps_and_cost(platform, reference):
     rows = {row["run_id"]: row for row in last_json(proc)["runs"]}
     row = rows[reference["run_id"]]
     assert row["team"] == "ml-platform" and row["state"] == "SUCCEEDED"
-    assert (row["step"], int(row["max_steps"])) == (6000, 6000) and row["cost_usd"] > 0
+    assert (row["step"], int(row["max_steps"])) == (LONG_STEPS, LONG_STEPS) and row["cost_usd"] > 0
     assert all(r["state"] == "SUCCEEDED" for r in rows.values())
     other_team = last_json(platform.tp("runs", "--team", "nobody", "--json"))
     assert other_team["runs"] == []
