@@ -274,6 +274,14 @@ def measure_cuda(model: nn.Module, batch: torch.Tensor, workdir: Path, repeats: 
 
 
 # ----- the run -----------------------------------------------------------------------------------
+def print_sharded(sharded: dict[str, float]) -> None:
+    """The FSDP case's figures: stall against DCP's own synchronous save, steps during a save against without."""
+    print(f"stall_ratio_sharded: {sharded['stall'] / sharded['baseline']:.3f}")
+    print(f"step_slowdown_during_save_sharded: {sharded['step_during'] / sharded['step_without']:.3f}")
+    for key, value in sharded.items():
+        print(f"detail_sharded_{key}: {value:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-gb", type=float, default=1.0, help="model + Adam state size (default 1.0)")
@@ -282,6 +290,8 @@ def main() -> None:
     parser.add_argument("--skip-s3", action="store_true", help="leave out the S3 figure")
     parser.add_argument("--s3-only", action="store_true", help="measure only the S3 figure")
     parser.add_argument("--dedup-only", action="store_true", help="measure only the fine-tune's dedup figures")
+    parser.add_argument("--skip-sharded", action="store_true", help="leave out the FSDP (2 ranks) figures")
+    parser.add_argument("--sharded-only", action="store_true", help="measure only the FSDP (2 ranks) figures")
     parser.add_argument(
         "--cuda", action="store_true", help="also measure stall and step slowdown with the model on the GPU"
     )
@@ -289,6 +299,11 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="tp-ckpt-bench-", dir=args.dir))
     try:
+        from benchmarks.checkpoint_sharded import measure_sharded  # it imports this module's workload
+
+        if args.sharded_only:
+            print_sharded(measure_sharded(args.size_gb, args.repeats, workdir))
+            return
         if args.dedup_only:
             for size_gb, figures in measure_dedups(args.size_gb, workdir).items():
                 print(f"dedup_over_floor_{size_gb:g}gb: {figures['ratio'] / figures['floor']:.3f}")
@@ -335,10 +350,13 @@ def main() -> None:
         dedup = dedups[args.size_gb]
         s3 = None if args.skip_s3 else measure_s3(state, nbytes, workdir, max(2, args.repeats - 1))
         cuda = measure_cuda(model, batch, workdir, args.repeats) if args.cuda else None
+        sharded = None if args.skip_sharded else measure_sharded(args.size_gb, args.repeats, workdir)
 
         print(f"stall_ratio: {timing['stall'] / torch_s:.3f}")
         print(f"write_throughput_ratio: {raw_write_s / ours_s:.3f}")
         print(f"step_slowdown_during_save: {timing['step_during'] / timing['step_without']:.3f}")
+        if sharded is not None:
+            print_sharded(sharded)
         print(f"dedup_bytes_ratio: {dedup['ratio']:.3f}")
         for size_gb, figures in dedups.items():  # the distance to what must be written: the changed bytes
             print(f"dedup_over_floor_{size_gb:g}gb: {figures['ratio'] / figures['floor']:.3f}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -82,3 +84,23 @@ def test_one_save_in_flight_at_a_time():
     with pytest.raises(AssertionError, match="before the next"):
         saving.background.submit(20, lambda: None, stall_seconds=0.0)
     release.set()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_a_save_runs_at_idle_priority_until_the_loop_waits_for_it():
+    saving, hooks = strategy()
+    seen, started = [], threading.Event()
+
+    def save() -> CheckpointManifest:
+        seen.append(os.sched_getscheduler(0))
+        started.set()
+        deadline = time.monotonic() + 30
+        while os.sched_getscheduler(0) == os.SCHED_IDLE and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the loop's wait raises it
+        seen.append(os.sched_getscheduler(0))
+        return CheckpointManifest(run_id="r", step=40, kind="state")
+
+    saving.background.submit(40, save, stall_seconds=0.0)
+    assert started.wait(30)
+    saving.flush()
+    assert seen == [os.SCHED_IDLE, os.SCHED_OTHER] and hooks.saved == [(40, 0.0)]

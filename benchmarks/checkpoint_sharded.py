@@ -1,0 +1,144 @@
+"""The sharded case of benchmarks/checkpoint.py: FSDP on 2 ranks (gloo, CPU), our save against DCP's own.
+
+`measure_sharded` runs this file under torchrun; each rank trains its shard of the benchmark's model, and per
+repeat (all ranks in step, times are the slowest rank's):
+
+- the baseline: `torch.distributed.checkpoint.save` to local disk, files fsynced (what a sharded save costs
+  without the platform);
+- ours, as the FSDP strategy saves: the state's shard copied (the loop's stall), then written through DCP and
+  the store in the background (strategies/background_save.py) while the ranks train on;
+- step time while that save runs, against steps with none running.
+
+Rank 0 writes the medians as JSON to OUT.
+
+    torchrun --standalone --nproc-per-node=2 benchmarks/checkpoint_sharded.py OUT WORKDIR SIZE_GB REPEATS
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.checkpoint import HIDDEN, build_model, train_step  # noqa: E402
+from training_platform.checkpoints import open_store  # noqa: E402
+from training_platform.checkpoints.sharded import save_sharded  # noqa: E402
+from training_platform.train.strategies.background_save import BackgroundSaves, ShardStaging  # noqa: E402
+
+RANKS = 2
+
+
+def measure_sharded(size_gb: float, repeats: int, workdir: Path) -> dict[str, float]:
+    """Run the ranks; their figures (see the module's docstring)."""
+    out = workdir / "sharded.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
+               __file__, str(out), str(workdir / "sharded"), str(size_gb), str(repeats)]
+    env = os.environ | {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or RANKS) // RANKS))}
+    subprocess.run(command, check=True, timeout=3600, env=env)
+    return json.loads(out.read_text())
+
+
+def _slowest(seconds: float) -> float:
+    value = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value.item())
+
+
+def _any(flag: bool) -> bool:
+    value = torch.tensor([int(flag)])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def _state(model, optimizer) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
+def _worker(out: Path, workdir: Path, size_gb: float, repeats: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = build_model(size_gb)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    batch = torch.randn(8, HIDDEN)
+
+    def step() -> float:
+        start = time.perf_counter()
+        train_step(model, optimizer, batch)
+        return time.perf_counter() - start
+
+    for _ in range(3):  # warm up, and create Adam's moments
+        step()
+    store = open_store(workdir / "store")
+    staging, background = ShardStaging(), BackgroundSaves()
+    baseline, stalls, background_s, during, without = [], [], [], [], []
+    for rep in range(repeats):
+        target = workdir / f"dcp-{rep}"
+        dist.barrier()
+        start = time.perf_counter()
+        dcp.save(_state(model, optimizer), storage_writer=dcp.FileSystemWriter(str(target), sync_files=True))
+        baseline.append(_slowest(time.perf_counter() - start))
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(target, ignore_errors=True)
+
+        for _ in range(4):
+            _any(False)  # the same agreement as the steps during a save, so both sides pay it
+            without.append(_slowest(step()))
+
+        dist.barrier()
+        start = time.perf_counter()
+        staged = staging.copy(_state(model, optimizer))
+        stall = time.perf_counter() - start
+        background.submit(
+            rep,
+            lambda staged=staged, rep=rep, stall=stall: save_sharded(
+                store, "bench", rep + 1, staged, process_group=staging.group, stall_seconds=stall
+            ),
+            stall,
+        )
+        stalls.append(_slowest(stall))
+        saved_at = time.perf_counter()
+        # Every rank takes the same steps (each is a collective): while the save runs on any rank.
+        while _any(background.in_flight):
+            seconds = step()
+            if _any(background.in_flight):  # count only steps that ran entirely during the save
+                during.append(_slowest(seconds))
+        finished = background.finished(wait=True)
+        assert finished is not None and finished.error is None, finished
+        background_s.append(_slowest(time.perf_counter() - saved_at))
+    if rank == 0:
+        out.write_text(json.dumps({
+            "baseline": statistics.median(baseline),
+            "stall": statistics.median(stalls),
+            "background": statistics.median(background_s),
+            "step_without": statistics.mean(without),
+            "step_during": statistics.mean(during) if during else float("nan"),
+            "steps_during": len(during),
+        }))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
