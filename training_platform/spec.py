@@ -197,7 +197,9 @@ class CheckpointSpec(_Strict):
         None, ge=1, description="also keep every checkpoint whose step is a multiple of N (>= 1), e.g. 1000"
     )
     async_save: bool = Field(
-        True, description="write periodic checkpoints in a background process; the loop blocks only for a copy"
+        True,
+        description="write periodic checkpoints in the background (replicated state: a writer process; FSDP and "
+        "DeepSpeed: a thread of each rank); the loop waits only for a copy of the state",
     )
     store_uri: str | None = Field(
         None, description="local directory or s3://bucket/prefix; default: the project's data directory"
