@@ -55,6 +55,11 @@ class Strategy(ABC):
         same checkpoint as plain tensors, which evaluation reads without the strategy's own format.
         """
 
+    def in_background(self, final_weights: Weights | None) -> bool:
+        """Whether a save goes to the background (checkpoint.async_save): every periodic one, not the last, which
+        carries the weights gathered on rank 0 and is the run's result, written before the run ends."""
+        return self.session.spec.checkpoint.async_save and final_weights is None
+
     def poll(self) -> None:
         """Once a step: the bookkeeping of a save that ended in the background."""
         self._collect(wait=False)

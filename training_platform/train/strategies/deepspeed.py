@@ -120,8 +120,7 @@ class DeepSpeedStrategy(Strategy):
         client_state = {"rng": rng_states_to_json(self.gathered_rng()), "step": step}
         self.engine.save_checkpoint(str(staging), tag=TAG, client_state=client_state)
         _barrier()  # every rank's files are in the staging directory
-        # The last save (with the weights gathered on rank 0) is the run's result: stored before it ends.
-        in_background = session.spec.checkpoint.async_save and final_weights is None
+        in_background = self.in_background(final_weights)
         if not session.dist.is_main:
             if not in_background:
                 _barrier()  # no rank goes on before the checkpoint is visible

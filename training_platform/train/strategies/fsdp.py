@@ -75,8 +75,7 @@ class FSDPStrategy(Strategy):
         # RNG states as one JSON item: DCP would otherwise flatten the lists inside them into keys.
         state = self._state() | {"rng": rng_states_to_json(self.gathered_rng()).encode(), "step": step}
         save = functools.partial(save_sharded, self.session.hooks.store, self.session.run_id, step, metrics=metrics)
-        if self.background is None or final_weights is not None:
-            # The last save (with the weights gathered on rank 0) is the run's result: written before it ends.
+        if not self.in_background(final_weights):
             weights = final_weights if self.session.dist.is_main else None  # complete on rank 0 only
             self.record_saved(save(state, weights=weights), time.monotonic() - started)
             return
