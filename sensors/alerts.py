@@ -6,7 +6,7 @@ workers refresh; team spend comes from the cost ledger. Every minute it evaluate
 utilization, a queued run's wait, each team's failure rate over a day and its last hour's spend
 (training_platform/telemetry/alerts.py). An alert goes to the log, the webhook, the run's tags and,
 for a run's own rules, the run's asset check in the UI. The cursor remembers what was delivered (by
-`Alert.key`), so an alert is delivered once, not every tick.
+`Alert.key`), so an alert is delivered once, not every tick; its run tag is kept while it fires.
 """
 
 import json
@@ -75,14 +75,32 @@ def alerts_now(records: list[RunRecord], alerts: AlertsResource, now: float, spe
     return found
 
 
-def show_in_ui(instance: dg.DagsterInstance, alert: Alert, records: list[RunRecord]) -> None:
-    """A run's alert as a tag on its Dagster run, and (for the run's own rules) a failed asset check."""
-    record = next((r for r in records if r.run_id == alert.run_id), None)
-    if record is None or alert.period:  # team rules belong to no single run
+def keep_tags(instance: dg.DagsterInstance, alerts: list[Alert], records: list[RunRecord]) -> None:
+    """Each firing alert of a run as a tag on its Dagster run, put back where it went missing.
+
+    Every tick, not once: Dagster's `add_run_tags` reads the run, merges and writes it back, so a
+    running run publishing its progress tags at the same moment can write over the alert's tag.
+    """
+    dagster_run_ids = {r.run_id: r.extra.get("dagster_run_id") for r in latest_per_run(records)}
+    wanted = [
+        (dagster_run_ids[a.run_id], f"{ALERT_TAG_PREFIX}{a.rule}", a.text()[:TAG_VALUE_CHARS])
+        for a in alerts
+        if not a.period and dagster_run_ids.get(a.run_id)  # team rules belong to no single run
+    ]
+    if not wanted:
         return
-    dagster_run_id = record.extra.get("dagster_run_id")
-    if dagster_run_id:
-        instance.add_run_tags(dagster_run_id, {f"{ALERT_TAG_PREFIX}{alert.rule}": alert.text()[:TAG_VALUE_CHARS]})
+    runs = instance.get_runs(filters=dg.RunsFilter(run_ids=list({run_id for run_id, _, _ in wanted})))
+    tags = {run.run_id: run.tags for run in runs}
+    for run_id, key, value in wanted:
+        if run_id in tags and tags[run_id].get(key) != value:
+            instance.add_run_tags(run_id, {key: value})
+
+
+def show_check(instance: dg.DagsterInstance, alert: Alert, records: list[RunRecord]) -> None:
+    """A running run's alert of its own rules as a failed asset check on its partition."""
+    record = next((r for r in records if r.run_id == alert.run_id), None)
+    if record is None or alert.period:
+        return
     if alert.rule in RUN_RULES and not record.finished:  # a finished run's checks ran with it
         instance.report_runless_asset_event(
             dg.AssetCheckEvaluation(
@@ -114,7 +132,8 @@ def alert_sensor(context: dg.SensorEvaluationContext, platform: PlatformResource
     fresh = list({a.key: a for a in found if a.key not in already}.values())
     problems = alerts.deliver(fresh, context.log)
     for alert in fresh:
-        show_in_ui(context.instance, alert, records)
+        show_check(context.instance, alert, records)
+    keep_tags(context.instance, found, records)
     delivered = (delivered + [a.key for a in fresh])[-MAX_REMEMBERED:]
     context.update_cursor(json.dumps(delivered))
     summary = f"{len(fresh)} new alert(s) of {len(found)} firing over {len(records)} training run(s)"

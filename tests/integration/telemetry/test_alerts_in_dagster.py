@@ -142,12 +142,14 @@ def watch_running(instance: dg.DagsterInstance, home: PlatformHome, run_id: str,
     return {}
 
 
-def test_an_idle_run_is_alerted_while_it_trains(pipeline):
-    """The alert sensor, ticking while the slow run trains, flags its utilization: as a run tag and a
-    failed asset check on its partition, before the run ends."""
+def test_an_idle_run_is_alerted_while_it_trains(pipeline, env):
+    """The alert sensor, ticking while the slow run trains, flags its utilization: as a failed asset check
+    on its partition before the run ends, and as a run tag its later ticks keep (the run's own progress
+    tags, written at the same moment, can write over it: tests/unit/telemetry/test_alert_tags.py)."""
     seen = pipeline["watched"].get("alert")
     assert seen is not None and seen["still_training"], f"no live alert while the run trained: {seen}"
     instance, run_id = pipeline["instance"], pipeline["run_id"]
+    alert_sensor(dg.build_sensor_context(instance=instance, resources=resources(env["root"])))
     dagster_run = pipeline["result"].dagster_run
     tags = instance.get_run_by_id(dagster_run.run_id).tags
     assert tags["tp/alert/low_utilization"].startswith(f"[low_utilization] run {run_id}: CPU utilization averaged")
