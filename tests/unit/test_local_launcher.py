@@ -1,5 +1,6 @@
 """The local launcher's plan, its checks and how it reads a finished job (no training started)."""
 
+import os
 import subprocess
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from training_platform.errors import SpecError
 from training_platform.launch import JobHandle, JobState, LaunchPlan, RunRequest, standby
 from training_platform.launch.local import LocalLauncher
+from training_platform.launch.node_group import Node, agent_argv
 from training_platform.spec import parse_spec
 
 
@@ -28,9 +30,46 @@ def test_gpus_on_a_cpu_only_machine_are_refused(tmp_path):
         LocalLauncher(visible_gpus=0).plan(_request(tmp_path, gpus_per_node=2, procs_per_node=2))
 
 
-def test_several_nodes_are_refused(tmp_path):
-    with pytest.raises(SpecError, match="resources.nodes.*--launcher slurm"):
+def test_more_nodes_than_it_knows_are_refused_with_how_to_start_them(tmp_path, monkeypatch):
+    monkeypatch.delenv("TP_LOCAL_NODES", raising=False)
+    with pytest.raises(SpecError, match="2 nodes requested.*knows 0.*local-nodes.sh up 2"):
         LocalLauncher(visible_gpus=0).plan(_request(tmp_path, nodes=2))
+    monkeypatch.setenv("TP_LOCAL_NODES", "tp-node0=10.77.0.1")
+    with pytest.raises(SpecError, match="knows 1"):
+        LocalLauncher(visible_gpus=0).plan(_request(tmp_path, nodes=2))
+
+
+@pytest.mark.parametrize("value", ["tp-node0", "tp node0=10.77.0.1", "tp-node0=10.77.0", "$(reboot)=10.77.0.1"])
+def test_a_malformed_node_is_named_with_the_fix(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("TP_LOCAL_NODES", f"{value},tp-node1=10.77.0.2")
+    with pytest.raises(SpecError, match="TP_LOCAL_NODES.*local-nodes.sh env"):
+        LocalLauncher(visible_gpus=0).plan(_request(tmp_path, nodes=2))
+    LocalLauncher(visible_gpus=0).plan(_request(tmp_path))  # a one-node run does not read it
+
+
+def test_a_run_of_two_nodes_runs_an_agent_in_each_namespace(tmp_path, monkeypatch):
+    monkeypatch.setenv("TP_LOCAL_NODES", "tp-node0=10.77.0.1,tp-node1=10.77.0.2,tp-node2=10.77.0.3")
+    plan = LocalLauncher(visible_gpus=0).plan(_request(tmp_path, nodes=2, procs_per_node=1))
+    split = plan.command.index("--")
+    assert plan.command[1:split] == [
+        "-m", "training_platform.launch.node_group", "--node=tp-node0=10.77.0.1", "--node=tp-node1=10.77.0.2"
+    ]
+    assert plan.resources["nodes"] == 2 and plan.env["GLOO_SOCKET_IFNAME"] == "tp0"
+    assert plan.env["TP_THREADS_PER_RANK"] == str(max(1, (os.cpu_count() or 1) // 2)), "the nodes share the cores"
+    assert standby.SHARED_ENV not in plan.env and standby.STANDBY_ENV not in plan.env
+    agent = plan.command[split + 1 :]
+    second = agent_argv(agent, Node("tp-node1", "10.77.0.2"), 2, "10.77.0.1:29400", is_host=False)
+    assert second[1:4] == ["netns", "exec", "tp-node1"]
+    flags = second[4 : second.index("training_platform.train")]
+    assert "--rdzv-backend=tp-nodes" in flags and "--rdzv-endpoint=10.77.0.1:29400" in flags
+    assert "--rdzv-conf=is_host=0" in flags and "--local-addr=10.77.0.2" in flags and "--nnodes=2" in flags
+    assert flags.index("--local-addr=10.77.0.2") < flags.index("-m", flags.index("training_platform.launch.agent"))
+
+
+def test_namespace_nodes_share_the_machines_gpus_so_a_multi_node_gpu_run_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TP_LOCAL_NODES", "tp-node0=10.77.0.1,tp-node1=10.77.0.2")
+    with pytest.raises(SpecError, match="gpus_per_node: 0 for a multi-node run"):
+        LocalLauncher(visible_gpus=8).plan(_request(tmp_path, nodes=2, gpus_per_node=1, procs_per_node=1))
 
 
 @pytest.mark.parametrize(

@@ -118,9 +118,9 @@ def launch(argv: list[str], workers_from_standby: bool = False) -> None:
     from torch.distributed import run as torchrun
     from torch.distributed.launcher.api import elastic_launch
 
-    from training_platform.launch import loopback_rendezvous
+    from training_platform.launch import rendezvous
 
-    loopback_rendezvous.register()  # the local launcher's --rdzv-backend
+    rendezvous.register()  # the local launcher's --rdzv-backend (tp-loopback, tp-nodes)
     args = torchrun.parse_args(argv)
     if not args.module or args.no_python:
         raise SystemExit("training_platform.launch.agent runs a module: pass `-m MODULE ARGS` after the flags")

@@ -38,6 +38,8 @@ PREEMPTED_MARKER = "preempted.json"
 RESULT_FILE = "result.json"
 # torchrun with its flags, forking pre-imported workers (see launch/agent.py): every backend runs it.
 AGENT_MODULE = "training_platform.launch.agent"
+# CPU threads per rank, where a launcher knows better than the worker's guess (its node's cores / its local ranks).
+THREADS_PER_RANK_ENV = "TP_THREADS_PER_RANK"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""Local launcher: torchrun on this machine (gloo on CPU, nccl when GPUs are present)."""
+"""Local launcher: torchrun on this machine (gloo on CPU, nccl when GPUs are present).
+
+A run of several nodes runs one agent per "node" of TP_LOCAL_NODES, network namespaces of this machine
+(deploy/nodes/local-nodes.sh; node_group.py), so its rendezvous and collectives cross a real interface.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +14,13 @@ import time
 from pathlib import Path
 
 from training_platform.errors import LaunchError, SpecError
-from training_platform.launch import loopback_rendezvous, standby
+from training_platform.launch import rendezvous, standby
 from training_platform.launch.base import (
     AGENT_MODULE,
     PREEMPTED_EXIT_CODE,
     PREEMPTED_MARKER,
     RESULT_FILE,
+    THREADS_PER_RANK_ENV,
     JobHandle,
     JobState,
     JobStatus,
@@ -25,6 +30,7 @@ from training_platform.launch.base import (
 )
 from training_platform.launch.failures import last_exception
 from training_platform.launch.job_env import job_environment
+from training_platform.launch.node_group import Node
 from training_platform.paths import PlatformHome
 from training_platform.spec import TrainSpec
 
@@ -33,6 +39,19 @@ LOG_FILE = "worker.log"
 # A cancelled job's ranks get this long to write their emergency checkpoint before SIGKILL.
 CANCEL_GRACE_S = 8.0
 KILL_WAIT_S = 10.0
+NODES_ENV = "TP_LOCAL_NODES"
+# The interface deploy/nodes/local-nodes.sh gives every node: the address gloo's pairs use.
+NODE_INTERFACE = "tp0"
+NODE_GROUP_MODULE = "training_platform.launch.node_group"
+
+
+def local_nodes(text: str | None = None) -> list[Node]:
+    """The nodes of TP_LOCAL_NODES (`NS=ADDR,NS=ADDR`), the first of which hosts a run's rendezvous."""
+    text = os.environ.get(NODES_ENV, "") if text is None else text
+    try:
+        return [Node.parse(part.strip(), NODES_ENV) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise SpecError(f"{exc}; deploy/nodes/local-nodes.sh env prints the line to export") from None
 
 
 class LocalLauncher:
@@ -40,19 +59,29 @@ class LocalLauncher:
 
     name = "local"
 
-    def __init__(self, visible_gpus: int | None = None):
+    def __init__(self, visible_gpus: int | None = None, nodes: list[Node] | None = None):
         self.visible_gpus = _count_gpus() if visible_gpus is None else visible_gpus
+        self._nodes = nodes  # else TP_LOCAL_NODES, read when a run asks for several nodes
         self._procs: dict[str, subprocess.Popen] = {}
+
+    def nodes(self) -> list[Node]:
+        return local_nodes() if self._nodes is None else self._nodes
 
     def check(self, plan: LaunchPlan) -> None:
         """Refuse a plan this machine cannot run (the Launcher protocol's pre-submission check)."""
         self._check(plan.resources["nodes"], plan.resources["gpus_per_node"])
 
     def _check(self, nodes: int, gpus_per_node: int) -> None:
-        if nodes != 1:
+        if nodes > 1 and nodes > len(self.nodes()):
             raise SpecError(
-                f"resources.nodes: the local launcher runs on one machine (got {nodes}); "
-                "set nodes: 1 or use --launcher slurm|k8s"
+                f"resources.nodes: {nodes} nodes requested, but the local launcher knows {len(self.nodes())} "
+                f"({NODES_ENV}); set nodes: 1, use --launcher slurm|k8s, or start nodes on this machine: "
+                f"deploy/nodes/local-nodes.sh up {nodes}, then export the line it prints"
+            )
+        if nodes > 1 and gpus_per_node:
+            raise SpecError(
+                "resources.gpus_per_node: the local launcher's nodes share this machine's GPUs; "
+                "set gpus_per_node: 0 for a multi-node run here, or use --launcher slurm|k8s"
             )
         if gpus_per_node > self.visible_gpus:
             raise SpecError(
@@ -64,6 +93,9 @@ class LocalLauncher:
         self._check(request.spec.resources.nodes, request.spec.resources.gpus_per_node)
         nproc = request.spec.resources.procs_per_node
         env = dict(request.env)
+        nodes = request.spec.resources.nodes
+        if nodes > 1:
+            return self._plan_nodes(request, env)
         if os.environ.get(standby.SHARED_OWNER_ENV, "").isdigit():
             # A `tp server`'s run: every attempt, a spot run's requeues included, starts from the shared standby
             # once that is up. A standby of the run's own would load the same imports again (~7 s of a core).
@@ -76,8 +108,8 @@ class LocalLauncher:
             "-m",
             AGENT_MODULE,
             # What torchrun's --standalone picks (a rendezvous store this agent hosts on a free port),
-            # listening on loopback alone: the store unpickles what it reads (loopback_rendezvous.py).
-            f"--rdzv-backend={loopback_rendezvous.BACKEND}",
+            # listening on loopback alone: the store unpickles what it reads (rendezvous.py).
+            f"--rdzv-backend={rendezvous.LOOPBACK}",
             "--rdzv-endpoint=127.0.0.1:0",
             "--local-addr=127.0.0.1",
             f"--rdzv-id={request.run_id}",
@@ -94,6 +126,34 @@ class LocalLauncher:
             env=env,
             workdir=request.run_dir,
             resources={"nodes": 1, "procs_per_node": nproc, "gpus_per_node": request.spec.resources.gpus_per_node},
+        )
+
+    def _plan_nodes(self, request: RunRequest, env: dict[str, str]) -> LaunchPlan:
+        """One agent per node (node_group.py); no warm standby: its workers could not join another namespace."""
+        spec = request.spec
+        nodes = self.nodes()[: spec.resources.nodes]
+        env.setdefault("GLOO_SOCKET_IFNAME", NODE_INTERFACE)
+        # The nodes share this machine's cores: a worker would give its node's ranks every core of it. Two ranks
+        # with two threads each on two cores trained 5x slower (OpenMP's threads spin while they wait).
+        ranks = spec.resources.nodes * spec.resources.procs_per_node
+        env.setdefault(THREADS_PER_RANK_ENV, str(max(1, (os.cpu_count() or 1) // ranks)))
+        agent = [
+            python_executable(),
+            "-m",
+            AGENT_MODULE,
+            f"--rdzv-id={request.run_id}",
+            f"--nproc-per-node={spec.resources.procs_per_node}",
+            f"--max-restarts={spec.preemption.max_restarts}",
+            "-m",
+            *request.worker_args(),
+        ]
+        return LaunchPlan(
+            backend=self.name,
+            run_id=request.run_id,
+            command=[python_executable(), "-m", NODE_GROUP_MODULE, *(f"--node={n}" for n in nodes), "--", *agent],
+            env=env,
+            workdir=request.run_dir,
+            resources={"nodes": len(nodes), "procs_per_node": spec.resources.procs_per_node, "gpus_per_node": 0},
         )
 
     def submit(self, plan: LaunchPlan) -> JobHandle:

@@ -1,52 +1,77 @@
-"""torchrun's c10d rendezvous, listening on loopback only: for runs confined to one machine.
+"""torchrun's c10d rendezvous, with its stores bound to the one address they serve.
 
 torchrun's c10d backend and the store it shares with the workers (TORCHELASTIC_USE_AGENT_STORE)
 are TCPStores, and a TCPStore server binds every interface, whatever host it is given: asked for
 `localhost:0`, it listened on `[::]` (measured with `ss -ltnp`, torch 2.13). The rendezvous
 unpickles what it reads from that store, so anyone who can reach the port can run code in the
-agent. This backend hands both stores a socket already bound to the endpoint's loopback address.
+agent. These backends hand each store a socket already bound to one address:
+
+- `tp-loopback`, for a run confined to one machine: the endpoint must be a loopback address.
+- `tp-nodes`, for nodes on a private network (deploy/nodes/local-nodes.sh): the node started with
+  `--rdzv-conf=is_host=1` serves the rendezvous on the endpoint's address alone, the others connect
+  to it; the workers' store is served on the address of the node that ranks first (`--local-addr`).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
-BACKEND = "tp-loopback"
+LOOPBACK = "tp-loopback"
+NODES = "tp-nodes"
+# Where the hosting node writes the port it listens on, when its endpoint asks for any port (`ADDR:0`).
+PORT_FILE_ENV = "TP_RDZV_PORT_FILE"
 
 
 def register() -> None:
-    """Make `--rdzv-backend=tp-loopback` known to torchrun in this process."""
+    """Make `--rdzv-backend=tp-loopback` and `tp-nodes` known to torchrun in this process."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
-    rendezvous_handler_registry.register(BACKEND, _create_handler)
+    rendezvous_handler_registry.register(LOOPBACK, lambda params: _create_handler(LOOPBACK, params))
+    rendezvous_handler_registry.register(NODES, lambda params: _create_handler(NODES, params))
 
 
-def _create_handler(params: Any) -> Any:
+def _create_handler(backend: str, params: Any) -> Any:
+    from torch.distributed import TCPStore
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=0)
-    if not ipaddress.ip_address(host).is_loopback:
-        raise ValueError(f"{BACKEND} serves one machine: give --rdzv-endpoint a loopback address, not {host}")
     timeout = timedelta(seconds=params.get_as_int("read_timeout", 60))
-    store = _loopback_store(host, port, timeout)
+    if backend == LOOPBACK:
+        if not ipaddress.ip_address(host).is_loopback:
+            raise ValueError(f"{LOOPBACK} serves one machine: give --rdzv-endpoint a loopback address, not {host}")
+        store = _bound_store(host, port, timeout)
+    elif params.get_as_bool("is_host", False):
+        port_file = os.environ.get(PORT_FILE_ENV)
+        if not port and not port_file:
+            raise ValueError(f"{NODES}: give --rdzv-endpoint a port the other nodes connect to, or {PORT_FILE_ENV}")
+        store = _bound_store(host, port, timeout)
+        if port_file:  # node_group.py starts the other nodes' agents once it names the port
+            staged = Path(f"{port_file}.tmp")
+            staged.write_text(str(store.port))
+            staged.replace(port_file)
+    else:
+        store = TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timeout)
 
-    class LoopbackBackend(C10dRendezvousBackend):
+    class BoundBackend(C10dRendezvousBackend):
         @property
         def name(self) -> str:  # torchrun checks that the handler serves the backend it asked for
-            return BACKEND
+            return backend
 
-    handler = create_handler(store, LoopbackBackend(store, params.run_id), params)
-    # The second store: the one the workers share through MASTER_ADDR/MASTER_PORT (torch 2.13's name).
-    handler._create_tcp_store_server = lambda _addr, _port: _loopback_store(host, 0, timeout)
+    handler = create_handler(store, BoundBackend(store, params.run_id), params)
+    # The second store, the workers' (MASTER_ADDR/MASTER_PORT; torch 2.13's name): served by the node that ranks
+    # first, on that node's own address.
+    handler._create_tcp_store_server = lambda addr, _port: _bound_store(addr, 0, timeout)
     return handler
 
 
-def _loopback_store(host: str, port: int, timeout: timedelta) -> Any:
+def _bound_store(host: str, port: int, timeout: timedelta) -> Any:
     from torch.distributed import TCPStore
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from training_platform.launch.base import THREADS_PER_RANK_ENV
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -39,9 +41,11 @@ def init_distributed() -> DistInfo:
     if use_cuda:
         torch.cuda.set_device(device)
     else:
-        # Share the node's cores between the local ranks instead of oversubscribing them;
-        # a fixed thread count also keeps CPU reductions deterministic.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
+        # Share the node's cores between the local ranks instead of oversubscribing them; a fixed thread count
+        # also keeps CPU reductions deterministic. A launcher whose nodes share one machine's cores (the local
+        # launcher's namespace nodes) says how many each rank gets.
+        shared = os.environ.get(THREADS_PER_RANK_ENV, "")
+        torch.set_num_threads(int(shared) if shared.isdigit() else max(1, (os.cpu_count() or 1) // local_world_size))
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(
             backend=backend,
