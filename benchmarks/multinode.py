@@ -8,7 +8,8 @@ the same 2 cores: the figures show the cost of the network path, not a speed-up.
                                2 processes (the local launcher, gloo), between the progress events after
                                WARMUP steps; median of --repeats pairs run back to back
   allreduce_busbw_ratio_SIZE   gloo all-reduce bus bandwidth of SIZE between the two nodes over the same
-                               between two processes of one node (loopback); busbw = algbw x 2(n-1)/n
+                               between two processes of one node (loopback); busbw = algbw x 2(n-1)/n;
+                               medians of --repeats probes, alternated
 
     python benchmarks/multinode.py               # as root; about 3 minutes on 2 loaded cores
     python benchmarks/multinode.py --repeats 1
@@ -46,7 +47,7 @@ def allreduce_rank(rank: int, master: str, out: Path, iters: int) -> None:
         tensor = torch.ones(size // 4, dtype=torch.float32)
         dist.all_reduce(tensor)  # connections and buffers
         times = []
-        for _ in range(iters):
+        for _ in range(max(iters, min(200, 2**26 // size))):  # small messages are latency: more samples
             dist.barrier()
             begin = time.perf_counter()
             dist.all_reduce(tensor)
@@ -133,7 +134,10 @@ def main() -> None:
                 two = steps_per_second(home, f"two-{repeat}", {"nodes": 2, "procs_per_node": 1}, launcher,
                                        snapshot_id, args.steps)
                 pairs.append((one, two))
-        across, within = busbw(nodes, args.iters), busbw(None, args.iters)
+        # Alternated like the runs: the machine's speed drifts.
+        probes = [(busbw(nodes, args.iters), busbw(None, args.iters)) for _ in range(args.repeats)]
+        across = {size: statistics.median(a[size] for a, _ in probes) for size in SIZES}
+        within = {size: statistics.median(w[size] for _, w in probes) for size in SIZES}
     finally:
         if not already:
             subprocess.run([str(SCRIPT), "down"], capture_output=True, check=True)
