@@ -8,7 +8,7 @@
 #   deploy/nodes/local-nodes.sh down     remove exactly what `up` made (the namespaces and the bridge)
 #
 # Root only (network namespaces). The bridge tp-nodes holds PREFIX.254, so a node reaches services of
-# this machine there. TP_NODES_PREFIX (default 10.77.0) picks the /24. Every node's interface is named
+# this machine there; each node's /etc/hosts names every node and this machine (/etc/netns/NS/hosts). TP_NODES_PREFIX (default 10.77.0) picks the /24. Every node's interface is named
 # tp0 inside its namespace: GLOO_SOCKET_IFNAME=tp0 (NCCL_SOCKET_IFNAME on GPUs) is the same on each.
 set -euo pipefail
 
@@ -42,6 +42,20 @@ node_env() {
     echo "export TP_LOCAL_NODES=$spec"
 }
 
+# Each node's /etc/hosts (ip netns exec mounts /etc/netns/NS/hosts over it): every node by name, and this
+# machine by its own name at the bridge's address, so that a node's daemons reach a controller here.
+write_hosts() {
+    local ns j
+    for ns in $(nodes); do
+        mkdir -p "/etc/netns/$ns"
+        {
+            echo "127.0.0.1 localhost"
+            echo "$PREFIX.254 $(hostname) $(hostname -s)"
+            for j in $(nodes); do echo "$PREFIX.$((${j#tp-node} + 1)) $j"; done
+        } >"/etc/netns/$ns/hosts"
+    done
+}
+
 up() {
     local count="${1:-2}" i ns
     [[ "$count" =~ ^[0-9]+$ && "$count" -ge 1 && "$count" -le 250 ]] || die "up N: N is a number of nodes, 1-250"
@@ -62,6 +76,7 @@ up() {
         ip -n "$ns" link set tp0 up
         ip -n "$ns" link set lo up
     done
+    write_hosts
     for ((i = 1; i < count; i++)); do
         wait_for "tp-node$i reachable from tp-node0" reachable "$i" \
             || die "tp-node$i ($PREFIX.$((i + 1))) does not answer tp-node0; is bridged traffic filtered (br_netfilter)?"
@@ -86,6 +101,7 @@ down() {
         ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
         ip link del "tp-veth$i" 2>/dev/null || true
         ip netns del "$ns"
+        rm -rf "/etc/netns/$ns"
     done
     if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
     log "down"

@@ -21,6 +21,7 @@ NAMES = frozenset(
         # What the worker reads (training_platform/): its home, caches, prices, sweep context, notices.
         *("TP_HOME", "TP_SHARD_CACHE", "TP_CODE_DIR", "TP_PRICES", "TP_SWEEP_CONTEXT", "TP_SWEEP_STORAGE"),
         *("TP_CHECKPOINT_KEY", "TP_SPOT_NOTICE_HOSTS", "TP_TELEMETRY_INTERVAL_S", "TP_SLOW_DATA_SECONDS"),
+        "TP_THREADS_PER_RANK",  # nodes that share one machine's cores (launch/base.py)
         "TP_SNAPSHOT_STORE_URI",  # where the run's snapshot is, when not in the home (paths.py)
         # The deployment's checkpoint signing key: a job signs what it saves and verifies what it restores.
         "TP_CHECKPOINT_SIGNING_KEY",

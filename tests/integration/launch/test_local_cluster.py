@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 
 import pytest
@@ -27,7 +28,10 @@ def test_up_again_is_a_no_op(slurm_cluster):
 
 def test_status_shows_spot_and_ondemand_with_fake_gpus(slurm_cluster):
     status = _script("status", slurm_cluster)
-    assert "slurmctld: running" in status.stdout and "slurmd: running" in status.stdout
+    host = socket.gethostname().split(".")[0]
+    assert "slurmctld: running" in status.stdout and f"slurmd {host}: running" in status.stdout
+    if (slurm_cluster.state_dir / "run" / "namespace-nodes").read_text().strip() == "2":  # up --nodes 2 (root)
+        assert "slurmd tp-node0: running" in status.stdout and "slurmd tp-node1: running" in status.stdout
     partitions = slurm_cluster.run("scontrol", "show", "partition", "-o").stdout
     assert "PartitionName=spot" in partitions and "PreemptMode=REQUEUE" in partitions
     assert "PartitionName=ondemand" in partitions and "PriorityTier=10" in partitions

@@ -1,0 +1,106 @@
+"""A run across two Slurm nodes: slurmds in their own network and UTS namespaces (`local-cluster.sh up --nodes 2`),
+so torchrun's c10d rendezvous and gloo's collectives cross a real interface. It ends with the weights of one node
+with two processes, and a preempted two-node run is requeued and resumes to them."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.launch.test_slurm_training_run import _finish, _run, _start_now
+from training_platform.datasets import build_snapshot
+from training_platform.launch import JobState, RunRequest
+from training_platform.launch.local import LocalLauncher
+from training_platform.launch.slurm import SlurmConfig, SlurmLauncher
+from training_platform.spec import parse_spec
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
+STEPS = 400  # long enough for a preemption to land mid-run
+
+
+@pytest.fixture(scope="module")
+def two_nodes(slurm_cluster):
+    if "tp-node1" not in slurm_cluster.run("sinfo", "-h", "-N", "-p", "nodes", "-o", "%N").stdout:
+        pytest.skip("this cluster has no namespace nodes (`local-cluster.sh up --nodes 2`, as root)")
+    return slurm_cluster
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tp-slurm-nodes")
+    build_snapshot("sklearn_digits", root / "snapshots")
+    return root
+
+
+@pytest.fixture(autouse=True)
+def threads_of_shared_nodes(monkeypatch):
+    """The two nodes share this machine's cores: one thread per rank, as each of one node's two ranks gets."""
+    monkeypatch.setenv("TP_THREADS_PER_RANK", "1")
+
+
+def _request(home: Path, run_id: str, nodes: int, partition: str | None = None) -> RunRequest:
+    snapshot = next((home / "snapshots").glob("*.json")).stem
+    spec = parse_spec(
+        {
+            "name": "slurm-nodes",
+            "team": "qa",
+            "owner": "ci",
+            "backend": "slurm" if partition else "local",
+            "dataset": {"snapshot_id": snapshot},
+            "resources": {"nodes": nodes, "procs_per_node": 2 // nodes},
+            "slurm": {"partition": partition} if partition else {},
+            "training": {"max_steps": STEPS, "batch_size": 16, "eval_every": 100, "log_every": 10},
+            "checkpoint": {"every_steps": 100, "keep_last": 2, "store_uri": str(home / "checkpoints")},
+        }
+    )
+    return RunRequest(spec=spec, run_id=run_id, run_dir=home / "runs" / run_id, env={"TP_HOME": str(home)})
+
+
+@pytest.fixture(scope="module")
+def one_node(home) -> dict:
+    return _run(LocalLauncher(visible_gpus=0), _request(home, "one-node", nodes=1))
+
+
+def test_a_two_node_slurm_run_ends_with_the_weights_of_one_node(home, two_nodes, one_node):
+    slurm = SlurmLauncher(SlurmConfig(slurm_conf=two_nodes.slurm_conf))
+    request = _request(home, "two-nodes", nodes=2, partition="nodes")
+    result = _run(slurm, request)
+    assert result["world_size"] == 2 and result["final_step"] == STEPS
+    assert result["final_weights_sha256"] == one_node["final_weights_sha256"]
+    log = "".join(path.read_text() for path in request.run_dir.glob("slurm-*.out"))
+    assert "on tp-node[0-1], rendezvous tp-node0:" in log, log[-2000:]
+
+
+def test_a_preempted_two_node_run_is_requeued_and_resumes_to_the_same_weights(
+    home, two_nodes, one_node, tmp_path, monkeypatch
+):
+    """An on-demand job needs one of the two nodes a spot run holds: both nodes' ranks write the emergency
+    checkpoint, the job is requeued, and its next attempt on both nodes ends bitwise where one node would."""
+    slurm = SlurmLauncher(SlurmConfig(slurm_conf=two_nodes.slurm_conf))
+    spot = _request(home, "spot-nodes", nodes=2, partition="nodes-spot")
+    spot.write_spec()
+    monkeypatch.setenv("TP_SLOW_DATA_SECONDS", "0.05")  # 400 steps take 20 s or more: the preemption lands mid-run
+    handle = slurm.submit(slurm.plan(spot))
+    monkeypatch.delenv("TP_SLOW_DATA_SECONDS")
+    deadline = time.monotonic() + 180
+    while not list((home / "checkpoints" / "runs" / "spot-nodes").glob("*.json")):
+        assert time.monotonic() < deadline, slurm.logs(handle)[-3000:]
+        time.sleep(0.5)
+    urgent = two_nodes.run(
+        "sbatch", "--parsable", "-p", "nodes", "-N", "1", "--cpus-per-task=2", f"--output={tmp_path}/urgent.out",
+        "--wrap", "sleep 2",
+    )
+    assert urgent.returncode == 0, urgent.stderr
+    status = slurm.status(handle)
+    while status.state is not JobState.REQUEUED:
+        assert time.monotonic() < deadline and not status.state.finished, f"{status}\n{slurm.logs(handle)[-3000:]}"
+        time.sleep(0.3)
+        status = slurm.status(handle)
+    assert status.preemptions == 1
+    _start_now(two_nodes, handle.job_id)
+    resumed = _finish(slurm, handle, spot)
+    log = slurm.logs(handle)
+    assert "attempt 2 on tp-node[0-1]" in log and "resumed from checkpoint" in log, log[-3000:]
+    assert resumed["final_weights_sha256"] == one_node["final_weights_sha256"]
