@@ -30,14 +30,16 @@ def nodes() -> Iterator[list[Node]]:
     """Two namespace nodes: started for this module and removed after it, unless they were up already."""
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root (CI runs as root)")
-    already = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    up = subprocess.run([str(SCRIPT), "up", "2"], capture_output=True, text=True, timeout=120)
+    already = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.split()
+    # A set of its own: the Slurm cluster's nodes (tp-node*, 10.77.0.x) may be up on the other test worker.
+    env = {**os.environ, "TP_NODES_NAME": "tp-lnode", "TP_NODES_PREFIX": "10.78.0"}
+    up = subprocess.run([str(SCRIPT), "up", "2"], capture_output=True, text=True, timeout=120, env=env)
     assert up.returncode == 0, up.stderr
     try:
         yield local_nodes(up.stdout.strip().removeprefix("export TP_LOCAL_NODES="))[:2]
     finally:
-        if "tp-node0" not in already:
-            subprocess.run([str(SCRIPT), "down"], capture_output=True, timeout=120, check=True)
+        if "tp-lnode0" not in already:
+            subprocess.run([str(SCRIPT), "down"], capture_output=True, timeout=120, check=True, env=env)
 
 
 @pytest.fixture(scope="module")
