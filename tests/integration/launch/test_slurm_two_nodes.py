@@ -60,7 +60,9 @@ def _request(home: Path, run_id: str, nodes: int, partition: str | None = None) 
 
 @pytest.fixture(scope="module")
 def one_node(home) -> dict:
-    return _run(LocalLauncher(visible_gpus=0), _request(home, "one-node", nodes=1))
+    with pytest.MonkeyPatch.context() as patch:  # the same thread per rank as the two nodes' (on any machine)
+        patch.setenv("TP_THREADS_PER_RANK", "1")
+        return _run(LocalLauncher(visible_gpus=0), _request(home, "one-node", nodes=1))
 
 
 def test_a_two_node_slurm_run_ends_with_the_weights_of_one_node(home, two_nodes, one_node):
