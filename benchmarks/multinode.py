@@ -24,7 +24,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,21 +37,13 @@ NODE_PORT = 29555  # a fresh namespace has every port free
 
 def allreduce_rank(rank: int, master: str, out: Path, iters: int) -> None:
     """One rank of the all-reduce probe: the median time of each size, written by rank 0."""
-    import torch
     import torch.distributed as dist
 
+    from training_platform.telemetry.bench import allreduce_seconds
+
     dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=2)
-    seconds = {}
-    for size in SIZES:
-        tensor = torch.ones(size // 4, dtype=torch.float32)
-        dist.all_reduce(tensor)  # connections and buffers
-        times = []
-        for _ in range(max(iters, min(200, 2**26 // size))):  # small messages are latency: more samples
-            dist.barrier()
-            begin = time.perf_counter()
-            dist.all_reduce(tensor)
-            times.append(time.perf_counter() - begin)
-        seconds[size] = statistics.median(times)
+    # Small messages are latency: more samples.
+    seconds = {size: allreduce_seconds(size, max(iters, min(200, 2**26 // size))) for size in SIZES}
     if rank == 0:
         out.write_text(json.dumps(seconds))
     dist.destroy_process_group()

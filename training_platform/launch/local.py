@@ -93,8 +93,7 @@ class LocalLauncher:
         self._check(request.spec.resources.nodes, request.spec.resources.gpus_per_node)
         nproc = request.spec.resources.procs_per_node
         env = dict(request.env)
-        nodes = request.spec.resources.nodes
-        if nodes > 1:
+        if request.spec.resources.nodes > 1:
             return self._plan_nodes(request, env)
         if os.environ.get(standby.SHARED_OWNER_ENV, "").isdigit():
             # A `tp server`'s run: every attempt, a spot run's requeues included, starts from the shared standby

@@ -90,21 +90,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def allreduce_seconds(nbytes: int, iters: int) -> float:
+    """Median seconds of an all-reduce of `nbytes` in this process's group, after a warm-up, each started together."""
+    import torch.distributed as dist
+
+    tensor = torch.ones(nbytes // 4, dtype=torch.float32)
+    dist.all_reduce(tensor)  # warm-up: connections and buffers
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        begin = time.perf_counter()
+        dist.all_reduce(tensor)
+        times.append(time.perf_counter() - begin)
+    return statistics.median(times)
+
+
 def _allreduce_worker(rank: int, world: int, port: int, nbytes: int, iters: int, out: dict) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        tensor = torch.ones(nbytes // 4, dtype=torch.float32)
-        dist.all_reduce(tensor)  # warm-up: connections and buffers
-        times = []
-        for _ in range(iters):
-            dist.barrier()
-            begin = time.perf_counter()
-            dist.all_reduce(tensor)
-            times.append(time.perf_counter() - begin)
+        seconds = allreduce_seconds(nbytes, iters)
         if rank == 0:
-            out["seconds"] = statistics.median(times)
+            out["seconds"] = seconds
     finally:
         dist.destroy_process_group()
 
