@@ -23,7 +23,7 @@ from training_platform.launch.base import keeps_preempted_jobs, run_files_store
 from training_platform.launch.registry import launcher_for
 from training_platform.requeue import follow_requeued
 from training_platform.run_files import ATTEMPT_ENV, PIPES_MESSAGES_FILE, RunFilesPuller
-from training_platform.runlog import RunEvents
+from training_platform.runlog import NODE_FAILURE, RunEvents
 
 CANCEL_WAIT_S = 30.0
 STATUS_OUTAGE_S = 120.0  # how long the backend may fail to report the job's state before the run fails
@@ -105,6 +105,7 @@ class LauncherResource(dg.ConfigurableResource):
         from when its job held its allocation, not from when it was queued (cost/attempts.py). A requeued job
         is moved to on-demand when due and released from the engine's hold (requeue.py)."""
         failures, running, ran = 0, False, False
+        lost: tuple[str, ...] = ()
         kept = keeps_preempted_jobs(launcher)
         while True:
             try:
@@ -112,6 +113,10 @@ class LauncherResource(dg.ConfigurableResource):
                 failures = 0
                 if status.state == JobState.RUNNING and not running:
                     events.append("job_running", again=ran)
+                if status.lost_nodes and status.lost_nodes != lost:
+                    context.log.warning(f"job {handle.job_id}: {status.reason}")
+                    events.append(NODE_FAILURE, job_id=handle.job_id, nodes=list(status.lost_nodes))
+                lost = status.lost_nodes
                 running = status.state == JobState.RUNNING
                 ran = ran or running
             except PlatformError as exc:  # squeue or the API server busy for a moment: the job goes on

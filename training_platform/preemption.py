@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from training_platform.launch.base import JobState, JobStatus
+from training_platform.runlog import NODE_FAILURE
 from training_platform.spec import TrainSpec
 from training_platform.telemetry.records import read_telemetry
 
@@ -22,7 +23,7 @@ class Interruption:
     """One attempt that ended without finishing: a preemption (SIGTERM) or a kill without notice."""
 
     at: float
-    kind: str  # "preempted" (checkpoint written on notice) or "killed" (no notice)
+    kind: str  # "preempted" (checkpoint written on notice), "node_failure" (a node was lost) or "killed" (no notice)
     step_reached: int
     resumed_step: int | None
     recovery_seconds: float | None
@@ -71,9 +72,9 @@ def summarize(events: list[dict[str, Any]]) -> PreemptionSummary:
         kind = event["kind"]
         if kind == "started":
             summary.attempts += 1
-            if summary.attempts > 1 and (ended is None or ended["kind"] == "preempted"):
+            if summary.attempts > 1 and (ended is None or ended["kind"] in ("preempted", NODE_FAILURE)):
                 at = (ended.get("signal_at") or ended["at"]) if ended else event["at"]
-                pending = {"at": at, "kind": "preempted" if ended else "killed", "step_reached": step_reached}
+                pending = {"at": at, "kind": ended["kind"] if ended else "killed", "step_reached": step_reached}
             ended = None
         elif kind in ("progress", "checkpoint"):
             step_reached = max(step_reached, event["step"])
@@ -92,6 +93,8 @@ def summarize(events: list[dict[str, Any]]) -> PreemptionSummary:
             pending = None
         elif kind == "preempted":
             step_reached = max(step_reached, event["step"])
+            ended = event
+        elif kind == NODE_FAILURE and ended is None:  # the first sign of the loss dates it
             ended = event
         elif kind == "finished":
             summary.finished = True

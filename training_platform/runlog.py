@@ -14,6 +14,7 @@ from typing import Any
 
 EVENTS_FILE = "events.jsonl"
 MOVED_TO_ON_DEMAND = "moved_to_on_demand"  # a requeued spot job moved to on-demand (requeue.py); priced so after
+NODE_FAILURE = "node_failure"  # a node of the job stopped answering: this attempt's ranks there are lost
 
 
 class RunEvents:

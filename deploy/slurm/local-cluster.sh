@@ -4,6 +4,7 @@
 #   deploy/slurm/local-cluster.sh up [--nodes N]   install (as root) if missing, configure, start, wait for idle
 #   deploy/slurm/local-cluster.sh status   what runs, and the nodes' state
 #   deploy/slurm/local-cluster.sh down     stop exactly the daemons `up` started (pid files)
+#   deploy/slurm/local-cluster.sh fail-node tp-nodeK   kill a namespace node as a power loss would (`up` restarts it)
 #
 # One node, named after this machine, holds the `spot` and `ondemand` partitions. With --nodes N (N >= 2,
 # root) the cluster also has N nodes tp-node0..N-1, each a slurmd in its own network and UTS namespace
@@ -20,6 +21,7 @@ set -euo pipefail
 DIR="${TP_SLURM_DIR:-/tmp/tp-slurm}"
 GPUS="${TP_SLURM_GPUS:-4}"
 SPOT_GRACE_SECONDS="${TP_SLURM_SPOT_GRACE:-10}"
+SLURMD_TIMEOUT="${TP_SLURM_SLURMD_TIMEOUT:-30}"  # a node not answering this long is DOWN, its jobs requeued
 WAIT_SECONDS="${TP_SLURM_WAIT_SECONDS:-60}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 LOCAL_NODES="$HERE/../nodes/local-nodes.sh"
@@ -61,7 +63,7 @@ write_config() {
         -e "s|@STATE_DIR@|$DIR/state|g" -e "s|@RUN_DIR@|$DIR/run|g" -e "s|@LOG_DIR@|$DIR/log|g" \
         -e "s|@ACCOUNTING_STORAGE@|accounting_storage/none|g" \
         -e "s|@CPUS@|$cpus|g" -e "s|@REAL_MEMORY@|$((mem * 9 / 10))|g" -e "s|@GPUS@|$GPUS|g" \
-        -e "s|@SPOT_GRACE_SECONDS@|$SPOT_GRACE_SECONDS|g" "$TEMPLATE" >"$CONF.tmp"
+        -e "s|@SPOT_GRACE_SECONDS@|$SPOT_GRACE_SECONDS|g" -e "s|@SLURMD_TIMEOUT@|$SLURMD_TIMEOUT|g" "$TEMPLATE" >"$CONF.tmp"
     local count i
     count=$(namespace_nodes)
     if ((count > 1)); then
@@ -129,18 +131,31 @@ start_slurmd() {
                 && mount --bind /etc/netns/$ns/hosts /etc/hosts && exec slurmd -f $CONF -N $node"
         fi
     fi
-    if ! wait_for "node $node idle" node_idle "$node"; then
+    if ! wait_for "node $node usable" node_usable "$node"; then
         # A node left down/drained by an earlier run comes back with an explicit resume.
         scontrol update NodeName="$node" State=RESUME >/dev/null 2>&1 || true
-        wait_for "node $node idle" node_idle "$node" \
-            || die "node $node is '$(node_state "$node")', not idle after ${WAIT_SECONDS}s; see $DIR/log/slurmd-$node.log"
+        wait_for "node $node usable" node_usable "$node" \
+            || die "node $node is '$(node_state "$node")', not usable after ${WAIT_SECONDS}s; see $DIR/log/slurmd-$node.log"
     fi
 }
 
 all_usable() {
     local i
     node_usable || return 1
-    for ((i = 0; i < $(namespace_nodes); i++)); do node_usable "tp-node$i" || return 1; done
+    for ((i = 0; i < $(namespace_nodes); i++)); do
+        alive "$DIR/run/slurmd-tp-node$i.pid" && node_usable "tp-node$i" || return 1
+    done
+}
+
+# fail_node NODE: the node dies as a machine would, with no notice: SIGKILL to its slurmd and every process in its
+# network namespace (the job steps and ranks there). `up` brings it back.
+fail_node() {
+    local node="$1" pids
+    [[ "$node" =~ ^tp-node[0-9]+$ ]] && ip netns list | grep -qw "$node" \
+        || die "fail-node NODE: NODE is one of this cluster's namespace nodes (tp-node0..), not '$node'"
+    pids=$(ip netns pids "$node")
+    if [[ -n "$pids" ]]; then kill -KILL $pids 2>/dev/null || true; fi
+    log "$node failed: killed $(wc -w <<<"$pids") process(es); '$0 up' brings it back"
 }
 
 up() {
@@ -216,5 +231,6 @@ case "${1:-}" in
             die "usage: $0 up [--nodes N]"; fi ;;
     down) down ;;
     status) status ;;
-    *) echo "usage: $0 up [--nodes N]|down|status" >&2; exit 2 ;;
+    fail-node) fail_node "${2:-}" ;;
+    *) echo "usage: $0 up [--nodes N]|down|status|fail-node NODE" >&2; exit 2 ;;
 esac

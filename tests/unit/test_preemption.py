@@ -35,6 +35,18 @@ def test_kill_without_notice_loses_the_steps_since_the_last_checkpoint():
     assert interruption.lost_steps == 15
 
 
+def test_a_lost_node_is_an_interruption_dated_when_it_was_reported():
+    """The worker on the lost node writes nothing as it dies; the orchestrator's node_failure event dates the loss."""
+    events = [
+        ev("started", 0), ev("first_step", 1), ev("checkpoint", 2, step=20), ev("progress", 3, step=30),
+        ev("node_failure", 15, job_id="95", nodes=["tp-node1"]), ev("progress", 16, step=31),
+        ev("started", 60), ev("resumed", 61, step=20), ev("first_step", 62),
+    ]
+    (interruption,) = summarize(events).interruptions
+    assert interruption.kind == "node_failure"
+    assert interruption.lost_steps == 11 and interruption.recovery_seconds == 47.0
+
+
 def test_a_rerun_after_a_finished_run_is_not_an_interruption():
     events = [ev("started", 0), ev("finished", 1, step=10), ev("started", 2), ev("resumed", 3, step=10)]
     assert summarize(events).preemptions == 0

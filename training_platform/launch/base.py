@@ -105,6 +105,8 @@ class JobStatus:
     exit_code: int | None = None
     preemptions: int = 0
     restarts: int = 0
+    # Nodes of the job that stopped answering (a running job), or whose failure ended its last attempt.
+    lost_nodes: tuple[str, ...] = ()
 
 
 class Launcher(Protocol):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +36,7 @@ from training_platform.launch.base import (
 )
 from training_platform.launch.job_env import job_environment
 from training_platform.launch.slurm_cluster import ClusterInfo, SlurmCommands, parse_scontrol_record
+from training_platform.launch.slurm_nodes import last_attempt_log, nodes_back, nodes_lost_in, unresponsive_nodes
 from training_platform.spec import TrainSpec
 
 
@@ -150,23 +152,56 @@ class SlurmLauncher:
             record = parse_scontrol_record(result.stdout.strip().splitlines()[0])
             # torchrun turns the worker's exit code 75 into 1; the worker's marker file tells.
             marker = Path(record.get("WorkDir") or "/nonexistent") / PREEMPTED_MARKER
-            return status_from_record(record, preempted_marker=marker.is_file())
+            return self._with_lost_nodes(status_from_record(record, preempted_marker=marker.is_file()), record)
         return self._status_from_accounting(handle, result.stderr.strip())
+
+    def _with_lost_nodes(self, status: JobStatus, record: dict[str, str]) -> JobStatus:
+        """A running job with a node that stopped answering, or a job requeued because a node failed, says so."""
+        if status.state is JobState.RUNNING:
+            lost = unresponsive_nodes(self.commands, record.get("NodeList", ""))
+            if lost:
+                why = (
+                    f"node {', '.join(lost)} stopped answering: the job's ranks there are lost. Slurm requeues the "
+                    "job once it marks the node down (SlurmdTimeout), and the run resumes from its newest checkpoint"
+                )
+                return replace(status, reason=why, lost_nodes=tuple(lost))
+        elif status.state is JobState.REQUEUED and (lost := self._nodes_lost_by_last_attempt(record)) is not None:
+            named = f"node {', '.join(lost)}" if lost else "a node"
+            why = (
+                f"requeued after {named} failed: attempt {status.restarts + 1} waits "
+                f"({record.get('Reason', 'None')}) and resumes from the newest checkpoint"
+            )
+            return replace(status, reason=why, lost_nodes=tuple(lost))
+        return status
+
+    def _nodes_lost_by_last_attempt(self, record: dict[str, str]) -> list[str] | None:
+        if not record.get("StdOut") or (Path(record.get("WorkDir") or "/nonexistent") / PREEMPTED_MARKER).is_file():
+            return None  # a clean preemption, not a lost node
+        return nodes_lost_in(last_attempt_log(Path(record["StdOut"])))
 
     def release_requeue_hold(self, handle: JobHandle) -> str | None:
         """Slurm holds a requeued job back about two minutes (Reason=BeginTime); a run whose last attempt
-        wrote its emergency checkpoint loses nothing by starting at once. Followers ask on every poll of a
-        requeued job: slurmctld sets the hold only once the requeue completes, overwriting an earlier update."""
+        wrote its emergency checkpoint, or was lost with a node that is back, gains nothing by waiting. Followers
+        ask on every poll of a requeued job: slurmctld sets the hold only once the requeue completes, overwriting
+        an earlier update."""
         result = self.commands.run(["scontrol", "show", "job", "-o", handle.job_id], check=False)
         if result.returncode != 0 or not result.stdout.strip():
             return None
         record = parse_scontrol_record(result.stdout.strip().splitlines()[0])
-        if not held_after_clean_preemption(record, Path(record.get("WorkDir") or "/nonexistent") / PREEMPTED_MARKER):
+        if held_after_clean_preemption(record, Path(record.get("WorkDir") or "/nonexistent") / PREEMPTED_MARKER):
+            why = "its last attempt checkpointed cleanly"
+        elif (
+            held_after_requeue(record)
+            and (lost := self._nodes_lost_by_last_attempt(record))
+            and nodes_back(self.commands, lost)
+        ):
+            why = f"its last attempt was lost with node {', '.join(lost)}, which is back"
+        else:
             return None
         update = self.commands.run(["scontrol", "update", f"JobId={handle.job_id}", "StartTime=now"], check=False)
         if update.returncode != 0:
             return None
-        return f"Slurm job {handle.job_id}: its last attempt checkpointed cleanly, requeue hold released"
+        return f"Slurm job {handle.job_id}: {why}, requeue hold released"
 
     def _status_from_accounting(self, handle: JobHandle, scontrol_error: str) -> JobStatus:
         # slurmctld forgets finished jobs after MinJobAge; only accounting (sacct) remembers them.
@@ -354,15 +389,19 @@ _STATES = {
 }
 
 
-def held_after_clean_preemption(record: dict[str, str], marker: Path) -> bool:
-    """A requeued job waiting out Slurm's requeue delay, whose last attempt left its emergency-checkpoint
-    marker (the batch script removes it when an attempt starts, so it is the previous attempt's)."""
+def held_after_requeue(record: dict[str, str]) -> bool:
+    """A requeued job waiting out Slurm's requeue delay."""
     return (
         record.get("JobState") == "PENDING"
         and record.get("Reason") == "BeginTime"
         and int(record.get("Restarts", "0") or 0) > 0
-        and marker.is_file()
     )
+
+
+def held_after_clean_preemption(record: dict[str, str], marker: Path) -> bool:
+    """A requeued job waiting out Slurm's requeue delay, whose last attempt left its emergency-checkpoint
+    marker (the batch script removes it when an attempt starts, so it is the previous attempt's)."""
+    return held_after_requeue(record) and marker.is_file()
 
 
 def status_from_record(record: dict[str, str], preempted_marker: bool = False) -> JobStatus:

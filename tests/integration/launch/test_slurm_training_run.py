@@ -84,7 +84,8 @@ def _start_now(cluster, job_id: str, timeout: float = 60) -> None:
         job = cluster.run("scontrol", "show", "job", "-o", job_id).stdout
         if "JobState=PENDING" in job and "Reason=BeginTime" in job:
             cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
-        elif "JobState=PENDING" in job or "JobState=RUNNING" in job:
+        # Reason=None: the requeue has not completed, and its hold may still come.
+        elif ("JobState=PENDING" in job and "Reason=None" not in job) or "JobState=RUNNING" in job:
             return
         time.sleep(0.3)
     raise AssertionError(f"job {job_id} was not released: {job}")

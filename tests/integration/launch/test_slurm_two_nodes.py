@@ -1,6 +1,6 @@
 """A run across two Slurm nodes: slurmds in their own network and UTS namespaces (`local-cluster.sh up --nodes 2`),
 so torchrun's c10d rendezvous and gloo's collectives cross a real interface. It ends with the weights of one node
-with two processes, and a preempted two-node run is requeued and resumes to them."""
+with two processes; a preempted two-node run is requeued and resumes to them, and so does one that lost a node."""
 
 from __future__ import annotations
 
@@ -105,4 +105,53 @@ def test_a_preempted_two_node_run_is_requeued_and_resumes_to_the_same_weights(
     resumed = _finish(slurm, handle, spot)
     log = slurm.logs(handle)
     assert "attempt 2 on tp-node[0-1]" in log and "resumed from checkpoint" in log, log[-3000:]
+    assert resumed["final_weights_sha256"] == one_node["final_weights_sha256"]
+
+
+def test_a_lost_node_is_reported_and_the_run_resumes_when_it_is_back(home, two_nodes, one_node, monkeypatch):
+    """One node dies with no notice (its slurmd and the job's ranks there killed): the job's status names the node
+    while the job still reads RUNNING, Slurm requeues it once the node is marked down, and when the node is back
+    the next attempt resumes from the newest checkpoint and ends bitwise where one node would."""
+    slurm = SlurmLauncher(SlurmConfig(slurm_conf=two_nodes.slurm_conf))
+    request = _request(home, "lost-node", nodes=2, partition="nodes")
+    request.write_spec()
+    monkeypatch.setenv("TP_SLOW_DATA_SECONDS", "0.05")  # the node fails mid-run, between two checkpoints
+    handle = slurm.submit(slurm.plan(request))
+    monkeypatch.delenv("TP_SLOW_DATA_SECONDS")
+    deadline = time.monotonic() + 180
+    while not list((home / "checkpoints" / "runs" / "lost-node").glob("*.json")):
+        assert time.monotonic() < deadline, slurm.logs(handle)[-3000:]
+        time.sleep(0.5)
+    try:
+        failed = two_nodes.script("fail-node", "tp-node1")
+        assert failed.returncode == 0, failed.stderr
+        seen: dict[JobState, str] = {}
+        status = slurm.status(handle)
+        while JobState.REQUEUED not in seen:
+            assert time.monotonic() < deadline and not status.state.finished, f"{status}\n{slurm.logs(handle)[-3000:]}"
+            if status.lost_nodes:
+                assert status.lost_nodes == ("tp-node1",), status
+                seen.setdefault(status.state, status.reason)
+            time.sleep(0.5)
+            status = slurm.status(handle)
+        # Reported while the job still ran (the lost node's tasks keep its step open), then as the requeue's cause.
+        assert "node tp-node1 stopped answering" in seen[JobState.RUNNING], seen
+        assert seen[JobState.REQUEUED].startswith("requeued after node tp-node1 failed"), seen
+        assert slurm.release_requeue_hold(handle) is None  # the node is still down: Slurm's requeue delay stands
+        restored = two_nodes.script("up")
+        assert restored.returncode == 0, restored.stderr
+        released = []  # the hold is set once the requeue completes: ask until the job no longer waits on it
+        while "Reason=BeginTime" in two_nodes.run("scontrol", "show", "job", "-o", handle.job_id).stdout:
+            assert time.monotonic() < deadline, slurm.status(handle)
+            released += [done] if (done := slurm.release_requeue_hold(handle)) else []
+            time.sleep(0.3)
+        assert released and "lost with node tp-node1, which is back" in released[0], released
+        resumed = _finish(slurm, handle, request)
+    finally:
+        two_nodes.script("up")  # the node back for the tests after this one, whatever happened here
+        if not slurm.status(handle).state.finished:
+            slurm.cancel(handle)
+    log = slurm.logs(handle)
+    assert "Node failure on tp-node1" in log and "attempt 2 on tp-node[0-1]" in log, log[-3000:]
+    assert "resumed from checkpoint" in log, log[-3000:]
     assert resumed["final_weights_sha256"] == one_node["final_weights_sha256"]

@@ -1,0 +1,95 @@
+"""A Slurm job that lost a node: which of its nodes stopped answering, and whether its last attempt ended that way.
+
+When a node dies (its slurmd and the job's ranks there), the ranks on the other nodes fail at once, but the
+job step waits for the lost node's tasks: the job reads RUNNING until slurmctld marks the node DOWN after
+SlurmdTimeout, then ends it NODE_FAIL and, as the job asked (`--requeue`), queues it again. slurmctld flags a
+node that missed its pings (`*` after its state) well before that: that flag is how the platform tells within
+a minute. After the requeue nothing in the job's record says why; srun and slurmstepd wrote it to the job's
+log (`srun: error: Node failure on NODE`, `... CANCELLED ... DUE TO NODE FAILURE`).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from pathlib import Path
+
+from training_platform.launch.slurm_cluster import SlurmCommands, parse_scontrol_record
+
+# Base states of a node that runs nothing; `*` after any state: the node missed slurmctld's pings.
+_DEAD_STATES = frozenset({"down", "fail", "failing", "no_respond"})
+_NODE_FAILURE = re.compile(r"Node failure on (\S+)")
+_CANCELLED_BY_NODE_FAILURE = "DUE TO NODE FAILURE"
+# The batch script's first line in every attempt (slurm.py render_sbatch).
+_ATTEMPT_START = re.compile(r"^tp: job \d+ attempt \d+ ", re.MULTILINE)
+LOG_TAIL_BYTES = 256 * 1024
+# A job allocated within a second of its lost node's return lost that node from its allocation again in 3 of 6
+# tries here (Slurm 22.05: the new attempt's srun waits for ever, "Requested nodes are busy"); none of 4 did once
+# the node had run for 10 s first.
+RETURN_SETTLE_S = 10.0
+
+
+def unresponsive_nodes(commands: SlurmCommands, nodelist: str) -> list[str]:
+    """The nodes of `nodelist` (a Slurm hostlist, e.g. `tp-node[0-1]`) that stopped answering or are down."""
+    states = _node_states(commands, nodelist) or {}
+    return [name for name, state in states.items() if _lost(state)]
+
+
+def nodes_back(commands: SlurmCommands, names: list[str], now: datetime | None = None) -> bool:
+    """Every one of these nodes answers slurmctld again, and its slurmd has run for RETURN_SETTLE_S (False
+    when slurmctld could not tell)."""
+    now = now or datetime.now()  # scontrol prints local times
+    for name in names:
+        result = commands.run(["scontrol", "show", "node", "-o", name], check=False)
+        if result.returncode != 0 or not result.stdout.strip():
+            return False
+        record = parse_scontrol_record(result.stdout.strip().splitlines()[0])
+        base, *flags = record.get("State", "").split("+")
+        if not base or base.lower() in _DEAD_STATES or base == "UNKNOWN" or "NOT_RESPONDING" in flags:
+            return False
+        try:
+            started = datetime.fromisoformat(record.get("SlurmdStartTime", ""))
+        except ValueError:
+            return False
+        if (now - started).total_seconds() < RETURN_SETTLE_S:
+            return False
+    return True
+
+
+def _node_states(commands: SlurmCommands, nodelist: str) -> dict[str, str] | None:
+    if not nodelist or nodelist == "(null)":
+        return None
+    result = commands.run(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N %T"], check=False)
+    if result.returncode != 0:
+        return None  # slurmctld busy: the next poll asks again
+    states: dict[str, str] = {}
+    for line in result.stdout.splitlines():
+        name, _, state = line.strip().partition(" ")
+        if name:
+            states.setdefault(name, state)
+    return states
+
+
+def _lost(state: str) -> bool:
+    return state.endswith("*") or state.rstrip("*~#!%$@^-") in _DEAD_STATES
+
+
+def last_attempt_log(path: Path) -> str:
+    """What the job's current (or, while it is requeued, its last) attempt wrote to the job's log."""
+    try:
+        with path.open("rb") as log:
+            size = log.seek(0, 2)
+            log.seek(max(0, size - LOG_TAIL_BYTES))
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return ""
+    starts = list(_ATTEMPT_START.finditer(text))
+    return text[starts[-1].start() :] if starts else text
+
+
+def nodes_lost_in(attempt_log: str) -> list[str] | None:
+    """The nodes whose failure ended this attempt ([] when Slurm did not name them); None: no node failed."""
+    names = list(dict.fromkeys(_NODE_FAILURE.findall(attempt_log)))
+    if names or _CANCELLED_BY_NODE_FAILURE in attempt_log:
+        return names
+    return None
