@@ -7,9 +7,11 @@ unpickles what it reads from that store, so anyone who can reach the port can ru
 agent. These backends hand each store a socket already bound to one address:
 
 - `tp-loopback`, for a run confined to one machine: the endpoint must be a loopback address.
-- `tp-nodes`, for nodes on a private network (deploy/nodes/local-nodes.sh): the node started with
-  `--rdzv-conf=is_host=1` serves the rendezvous on the endpoint's address alone, the others connect
+- `tp-nodes`, for several nodes (deploy/nodes/local-nodes.sh, a Slurm job's nodes): the node started
+  with `--rdzv-conf=is_host=1` serves the rendezvous on the endpoint's address alone, the others connect
   to it; the workers' store is served on the address of the node that ranks first (`--local-addr`).
+  In a Slurm job's task the agent fills both in (`for_slurm_task`): the job's first node hosts, and each
+  node's address is the one it reaches the host from.
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ def _create_handler(backend: str, params: Any) -> Any:
             raise ValueError(f"{LOOPBACK} serves one machine: give --rdzv-endpoint a loopback address, not {host}")
         store = _bound_store(host, port, timeout)
     elif params.get_as_bool("is_host", False):
+        if params.max_nodes > 1 and _resolves_to_loopback(host):
+            raise ValueError(
+                f"{NODES}: the rendezvous host {host} resolves to a loopback address here, which the other nodes "
+                "cannot reach (Debian's /etc/hosts maps a machine's own name to 127.0.1.1); give the endpoint the "
+                "node's network address (on Slurm: NodeAddr in slurm.conf)"
+            )
         port_file = os.environ.get(PORT_FILE_ENV)
         if not port and not port_file:
             raise ValueError(f"{NODES}: give --rdzv-endpoint a port the other nodes connect to, or {PORT_FILE_ENV}")
@@ -79,3 +87,29 @@ def _bound_store(host: str, port: int, timeout: timedelta) -> Any:
     bound = listener.getsockname()[1]
     # The store owns the socket from here (it closes it): detach, so Python does not close it too.
     return TCPStore(host, bound, is_master=True, multi_tenant=True, master_listen_fd=listener.detach(), timeout=timeout)
+
+
+def for_slurm_task(backend: str, endpoint: str, conf: str, local_addr: str | None, environ: dict[str, str]):
+    """The rendezvous settings of one node's agent in a Slurm job step (one task per node): the job's first node
+    (SLURM_NODEID 0) hosts, and a node's address is the one it reaches the host from. Anything given stays."""
+    if backend != NODES or "SLURM_NODEID" not in environ:
+        return conf, local_addr
+    if "is_host" not in conf:
+        conf = ",".join(filter(None, [conf, f"is_host={int(environ['SLURM_NODEID'] == '0')}"]))
+    if not local_addr:
+        from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+        local_addr = address_towards(parse_rendezvous_endpoint(endpoint, default_port=0)[0])
+    return conf, local_addr
+
+
+def address_towards(host: str) -> str:
+    """This machine's address on the route to HOST (its own address, when HOST is this machine)."""
+    family, *_, target = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(target)  # a UDP connect sends nothing: it only picks the route, and so the source address
+        return probe.getsockname()[0]
+
+
+def _resolves_to_loopback(host: str) -> bool:
+    return any(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))

@@ -6,15 +6,19 @@ SlurmdTimeout, then ends it NODE_FAIL and, as the job asked (`--requeue`), queue
 node that missed its pings (`*` after its state) well before that: that flag is how the platform tells within
 a minute. After the requeue nothing in the job's record says why; srun and slurmstepd wrote it to the job's
 log (`srun: error: Node failure on NODE`, `... CANCELLED ... DUE TO NODE FAILURE`).
+
+Such a job waits out Slurm's requeue hold (about two minutes), unlike one whose attempt checkpointed on a
+preemption: slurmctld still delivers the lost attempt's kill to the node once it is back, and a new attempt
+started sooner had its ranks there killed by it (4 of 12 tries here, Slurm 22.05: SIGTERM 35 s after the node
+came back, or srun waiting for ever on "Requested nodes are busy").
 """
 
 from __future__ import annotations
 
 import re
-from datetime import datetime
 from pathlib import Path
 
-from training_platform.launch.slurm_cluster import SlurmCommands, parse_scontrol_record
+from training_platform.launch.slurm_cluster import SlurmCommands
 
 # Base states of a node that runs nothing; `*` after any state: the node missed slurmctld's pings.
 _DEAD_STATES = frozenset({"down", "fail", "failing", "no_respond"})
@@ -23,37 +27,12 @@ _CANCELLED_BY_NODE_FAILURE = "DUE TO NODE FAILURE"
 # The batch script's first line in every attempt (slurm.py render_sbatch).
 _ATTEMPT_START = re.compile(r"^tp: job \d+ attempt \d+ ", re.MULTILINE)
 LOG_TAIL_BYTES = 256 * 1024
-# A job allocated within a second of its lost node's return lost that node from its allocation again in 3 of 6
-# tries here (Slurm 22.05: the new attempt's srun waits for ever, "Requested nodes are busy"); none of 4 did once
-# the node had run for 10 s first.
-RETURN_SETTLE_S = 10.0
 
 
 def unresponsive_nodes(commands: SlurmCommands, nodelist: str) -> list[str]:
     """The nodes of `nodelist` (a Slurm hostlist, e.g. `tp-node[0-1]`) that stopped answering or are down."""
     states = _node_states(commands, nodelist) or {}
     return [name for name, state in states.items() if _lost(state)]
-
-
-def nodes_back(commands: SlurmCommands, names: list[str], now: datetime | None = None) -> bool:
-    """Every one of these nodes answers slurmctld again, and its slurmd has run for RETURN_SETTLE_S (False
-    when slurmctld could not tell)."""
-    now = now or datetime.now()  # scontrol prints local times
-    for name in names:
-        result = commands.run(["scontrol", "show", "node", "-o", name], check=False)
-        if result.returncode != 0 or not result.stdout.strip():
-            return False
-        record = parse_scontrol_record(result.stdout.strip().splitlines()[0])
-        base, *flags = record.get("State", "").split("+")
-        if not base or base.lower() in _DEAD_STATES or base == "UNKNOWN" or "NOT_RESPONDING" in flags:
-            return False
-        try:
-            started = datetime.fromisoformat(record.get("SlurmdStartTime", ""))
-        except ValueError:
-            return False
-        if (now - started).total_seconds() < RETURN_SETTLE_S:
-            return False
-    return True
 
 
 def _node_states(commands: SlurmCommands, nodelist: str) -> dict[str, str] | None:

@@ -4,6 +4,8 @@ with two processes; a preempted two-node run is requeued and resumes to them, an
 
 from __future__ import annotations
 
+import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -68,11 +70,23 @@ def one_node(home) -> dict:
 def test_a_two_node_slurm_run_ends_with_the_weights_of_one_node(home, two_nodes, one_node):
     slurm = SlurmLauncher(SlurmConfig(slurm_conf=two_nodes.slurm_conf))
     request = _request(home, "two-nodes", nodes=2, partition="nodes")
-    result = _run(slurm, request)
+    request.write_spec()
+    handle = slurm.submit(slurm.plan(request))
+    port = SlurmConfig().rdzv_base_port + int(handle.job_id) % 1000
+    listening: set[str] = set()  # where the rendezvous port is served, in the first node's namespace
+    while not slurm.status(handle).state.finished:
+        shown = subprocess.run(["nsenter", "--net=/run/netns/tp-node0", "ss", "-ltnH", f"sport = :{port}"],
+                               capture_output=True, text=True, timeout=30)
+        listening |= {line.split()[3] for line in shown.stdout.splitlines() if line.strip()}
+        time.sleep(0.1)
+    result = _finish(slurm, handle, request)
     assert result["world_size"] == 2 and result["final_step"] == STEPS
     assert result["final_weights_sha256"] == one_node["final_weights_sha256"]
     log = "".join(path.read_text() for path in request.run_dir.glob("slurm-*.out"))
-    assert "on tp-node[0-1], rendezvous tp-node0:" in log, log[-2000:]
+    address = re.search(r"NodeAddr=(\S+)", two_nodes.run("scontrol", "show", "node", "tp-node0").stdout).group(1)
+    assert f"on tp-node[0-1], rendezvous tp-node0 at {address}:{port}" in log, log[-2000:]
+    # Served on the first node's own address alone (torch's c10d store listened on every interface).
+    assert listening == {f"{address}:{port}"}, listening
 
 
 def test_a_preempted_two_node_run_is_requeued_and_resumes_to_the_same_weights(
@@ -137,15 +151,10 @@ def test_a_lost_node_is_reported_and_the_run_resumes_when_it_is_back(home, two_n
         # Reported while the job still ran (the lost node's tasks keep its step open), then as the requeue's cause.
         assert "node tp-node1 stopped answering" in seen[JobState.RUNNING], seen
         assert seen[JobState.REQUEUED].startswith("requeued after node tp-node1 failed"), seen
-        assert slurm.release_requeue_hold(handle) is None  # the node is still down: Slurm's requeue delay stands
         restored = two_nodes.script("up")
         assert restored.returncode == 0, restored.stderr
-        released = []  # the hold is set once the requeue completes: ask until the job no longer waits on it
-        while "Reason=BeginTime" in two_nodes.run("scontrol", "show", "job", "-o", handle.job_id).stdout:
-            assert time.monotonic() < deadline, slurm.status(handle)
-            released += [done] if (done := slurm.release_requeue_hold(handle)) else []
-            time.sleep(0.3)
-        assert released and "lost with node tp-node1, which is back" in released[0], released
+        # Slurm's requeue delay stands (slurm_nodes.py): the next attempt starts about two minutes after the requeue.
+        assert slurm.release_requeue_hold(handle) is None
         resumed = _finish(slurm, handle, request)
     finally:
         two_nodes.script("up")  # the node back for the tests after this one, whatever happened here

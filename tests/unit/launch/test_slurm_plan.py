@@ -60,8 +60,8 @@ def test_cpu_script_header_and_body(tmp_path):
         assert line in script.splitlines()
     assert "--gres" not in script
     assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)' in script
-    assert '--nnodes "$SLURM_NNODES" --nproc-per-node 2 --rdzv-backend c10d' in script
-    assert '--rdzv-endpoint "$head_node:$rdzv_port"' in script
+    assert '--nnodes "$SLURM_NNODES" --nproc-per-node 2 --rdzv-backend tp-nodes' in script
+    assert '--rdzv-endpoint "$head_addr:$rdzv_port"' in script
     assert f"-m training_platform.train {tmp_path}/run/spec.json --run-id resnet-7" in script
     assert SlurmConfig().python in script
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
