@@ -31,26 +31,17 @@ LOG_TAIL_BYTES = 256 * 1024
 
 def unresponsive_nodes(commands: SlurmCommands, nodelist: str) -> list[str]:
     """The nodes of `nodelist` (a Slurm hostlist, e.g. `tp-node[0-1]`) that stopped answering or are down."""
-    states = _node_states(commands, nodelist) or {}
-    return [name for name, state in states.items() if _lost(state)]
-
-
-def _node_states(commands: SlurmCommands, nodelist: str) -> dict[str, str] | None:
     if not nodelist or nodelist == "(null)":
-        return None
+        return []
     result = commands.run(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N %T"], check=False)
     if result.returncode != 0:
-        return None  # slurmctld busy: the next poll asks again
-    states: dict[str, str] = {}
+        return []  # slurmctld busy: the next poll asks again
+    lost: list[str] = []
     for line in result.stdout.splitlines():
-        name, _, state = line.strip().partition(" ")
-        if name:
-            states.setdefault(name, state)
-    return states
-
-
-def _lost(state: str) -> bool:
-    return state.endswith("*") or state.rstrip("*~#!%$@^-") in _DEAD_STATES
+        name, _, state = line.strip().partition(" ")  # a node in two partitions is listed twice
+        if name and name not in lost and (state.endswith("*") or state.rstrip("*~#!%$@^-") in _DEAD_STATES):
+            lost.append(name)
+    return lost
 
 
 def last_attempt_log(path: Path) -> str:

@@ -1,6 +1,7 @@
 """A run across two Slurm nodes: slurmds in their own network and UTS namespaces (`local-cluster.sh up --nodes 2`),
-so torchrun's c10d rendezvous and gloo's collectives cross a real interface. It ends with the weights of one node
-with two processes; a preempted two-node run is requeued and resumes to them, and so does one that lost a node."""
+so the rendezvous (tp-nodes, on the first node's address) and gloo's collectives cross a real interface. It ends
+with the weights of one node with two processes; a preempted two-node run is requeued and resumes to them, and so
+does one that lost a node."""
 
 from __future__ import annotations
 
@@ -67,6 +68,20 @@ def one_node(home) -> dict:
         return _run(LocalLauncher(visible_gpus=0), _request(home, "one-node", nodes=1))
 
 
+def _submit_until_first_checkpoint(slurm: SlurmLauncher, request: RunRequest, deadline: float, monkeypatch):
+    """Submit the run with slow data (its 400 steps take 20 s or more, so what a test does next lands mid-run) and
+    return its handle once its first checkpoint is durable."""
+    request.write_spec()
+    monkeypatch.setenv("TP_SLOW_DATA_SECONDS", "0.05")
+    handle = slurm.submit(slurm.plan(request))
+    monkeypatch.delenv("TP_SLOW_DATA_SECONDS")
+    store = Path(request.spec.checkpoint.store_uri) / "runs" / request.run_id
+    while not list(store.glob("*.json")):
+        assert time.monotonic() < deadline, slurm.logs(handle)[-3000:]
+        time.sleep(0.5)
+    return handle
+
+
 def test_a_two_node_slurm_run_ends_with_the_weights_of_one_node(home, two_nodes, one_node):
     slurm = SlurmLauncher(SlurmConfig(slurm_conf=two_nodes.slurm_conf))
     request = _request(home, "two-nodes", nodes=2, partition="nodes")
@@ -96,14 +111,8 @@ def test_a_preempted_two_node_run_is_requeued_and_resumes_to_the_same_weights(
     checkpoint, the job is requeued, and its next attempt on both nodes ends bitwise where one node would."""
     slurm = SlurmLauncher(SlurmConfig(slurm_conf=two_nodes.slurm_conf))
     spot = _request(home, "spot-nodes", nodes=2, partition="nodes-spot")
-    spot.write_spec()
-    monkeypatch.setenv("TP_SLOW_DATA_SECONDS", "0.05")  # 400 steps take 20 s or more: the preemption lands mid-run
-    handle = slurm.submit(slurm.plan(spot))
-    monkeypatch.delenv("TP_SLOW_DATA_SECONDS")
     deadline = time.monotonic() + 180
-    while not list((home / "checkpoints" / "runs" / "spot-nodes").glob("*.json")):
-        assert time.monotonic() < deadline, slurm.logs(handle)[-3000:]
-        time.sleep(0.5)
+    handle = _submit_until_first_checkpoint(slurm, spot, deadline, monkeypatch)
     urgent = two_nodes.run(
         "sbatch", "--parsable", "-p", "nodes", "-N", "1", "--cpus-per-task=2", f"--output={tmp_path}/urgent.out",
         "--wrap", "sleep 2",
@@ -128,14 +137,8 @@ def test_a_lost_node_is_reported_and_the_run_resumes_when_it_is_back(home, two_n
     the next attempt resumes from the newest checkpoint and ends bitwise where one node would."""
     slurm = SlurmLauncher(SlurmConfig(slurm_conf=two_nodes.slurm_conf))
     request = _request(home, "lost-node", nodes=2, partition="nodes")
-    request.write_spec()
-    monkeypatch.setenv("TP_SLOW_DATA_SECONDS", "0.05")  # the node fails mid-run, between two checkpoints
-    handle = slurm.submit(slurm.plan(request))
-    monkeypatch.delenv("TP_SLOW_DATA_SECONDS")
     deadline = time.monotonic() + 180
-    while not list((home / "checkpoints" / "runs" / "lost-node").glob("*.json")):
-        assert time.monotonic() < deadline, slurm.logs(handle)[-3000:]
-        time.sleep(0.5)
+    handle = _submit_until_first_checkpoint(slurm, request, deadline, monkeypatch)
     try:
         failed = two_nodes.script("fail-node", "tp-node1")
         assert failed.returncode == 0, failed.stderr

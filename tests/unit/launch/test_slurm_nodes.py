@@ -27,14 +27,14 @@ REQUEUED_JOB = (
     "Restarts=1 BatchFlag=1 ExitCode=0:0 Partition=nodes NodeList= NumNodes=2 "
     "WorkDir=@RUN@ StdErr=@RUN@/slurm-95.out StdOut=@RUN@/slurm-95.out Power="
 )
-FIRST_ATTEMPT = "tp: job 95 attempt 1 on tp-node[0-1], rendezvous tp-node0:29595\nstep 10: train_loss=1.2\n"
+FIRST_ATTEMPT = "tp: job 95 attempt 1 on tp-node[0-1], rendezvous tp-node0 at 10.77.0.1:29595\nstep 10: loss=1.2\n"
 LOST_NODE = (
     "srun: error: Node failure on tp-node1\n"
     "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
     "slurmstepd-tp-node0: error: *** JOB 95 ON tp-node0 CANCELLED AT 2026-11-28T07:32:36 DUE TO NODE FAILURE, "
     "SEE SLURMCTLD LOG FOR DETAILS ***\n"
 )
-SECOND_ATTEMPT = "tp: job 95 attempt 2 on tp-node[0-1], rendezvous tp-node0:29595\nresumed from checkpoint step 100\n"
+SECOND_ATTEMPT = "tp: job 95 attempt 2 on tp-node[0-1], rendezvous tp-node0 at 10.77.0.1:29595\nresumed from step 100\n"
 
 
 def _fake(tmp_path: Path, monkeypatch, record: str, sinfo: str = "", sinfo_exit: int = 0) -> Path:
