@@ -123,7 +123,7 @@ def launch(argv: list[str], workers_from_standby: bool = False) -> None:
     rendezvous.register()  # the platform's --rdzv-backend (tp-loopback, tp-nodes)
     args = torchrun.parse_args(argv)
     args.rdzv_conf, args.local_addr = rendezvous.for_slurm_task(
-        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_conf, args.local_addr, dict(os.environ)
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_conf, args.local_addr, os.environ
     )
     if not args.module or args.no_python:
         raise SystemExit("training_platform.launch.agent runs a module: pass `-m MODULE ARGS` after the flags")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,7 @@ def _bound_store(host: str, port: int, timeout: timedelta) -> Any:
     return TCPStore(host, bound, is_master=True, multi_tenant=True, master_listen_fd=listener.detach(), timeout=timeout)
 
 
-def for_slurm_task(backend: str, endpoint: str, conf: str, local_addr: str | None, environ: dict[str, str]):
+def for_slurm_task(backend: str, endpoint: str, conf: str, local_addr: str | None, environ: Mapping[str, str]):
     """The rendezvous settings of one node's agent in a Slurm job step (one task per node): the job's first node
     (SLURM_NODEID 0) hosts, and a node's address is the one it reaches the host from. Anything given stays."""
     if backend != NODES or "SLURM_NODEID" not in environ:

@@ -152,12 +152,13 @@ class SlurmLauncher:
         if result.returncode == 0 and result.stdout.strip():
             record = parse_scontrol_record(result.stdout.strip().splitlines()[0])
             # torchrun turns the worker's exit code 75 into 1; the worker's marker file tells.
-            marker = Path(record.get("WorkDir") or "/nonexistent") / PREEMPTED_MARKER
-            return self._with_lost_nodes(status_from_record(record, preempted_marker=marker.is_file()), record)
+            preempted = (Path(record.get("WorkDir") or "/nonexistent") / PREEMPTED_MARKER).is_file()
+            return self._with_lost_nodes(status_from_record(record, preempted_marker=preempted), record, preempted)
         return self._status_from_accounting(handle, result.stderr.strip())
 
-    def _with_lost_nodes(self, status: JobStatus, record: dict[str, str]) -> JobStatus:
-        """A running job with a node that stopped answering, or a job requeued because a node failed, says so."""
+    def _with_lost_nodes(self, status: JobStatus, record: dict[str, str], preempted: bool) -> JobStatus:
+        """A running job with a node that stopped answering, or a job requeued because a node failed, says so.
+        `preempted`: the last attempt checkpointed on a preemption (a clean requeue, not a lost node)."""
         if status.state is JobState.RUNNING:
             lost = unresponsive_nodes(self.commands, record.get("NodeList", ""))
             if lost:
@@ -166,19 +167,17 @@ class SlurmLauncher:
                     "job once it marks the node down (SlurmdTimeout), and the run resumes from its newest checkpoint"
                 )
                 return replace(status, reason=why, lost_nodes=tuple(lost))
-        elif status.state is JobState.REQUEUED and (lost := self._nodes_lost_by_last_attempt(record)) is not None:
-            named = f"node {', '.join(lost)}" if lost else "a node"
-            why = (
-                f"requeued after {named} failed: attempt {status.restarts + 1} waits ({record.get('Reason', 'None')}) "
-                "for Slurm's requeue delay and the nodes, and resumes from the newest checkpoint"
-            )
-            return replace(status, reason=why, lost_nodes=tuple(lost))
+        elif status.state is JobState.REQUEUED and not preempted and record.get("StdOut"):
+            lost = nodes_lost_in(last_attempt_log(Path(record["StdOut"])))
+            if lost is not None:
+                named = f"node {', '.join(lost)}" if lost else "a node"
+                why = (
+                    f"requeued after {named} failed: attempt {status.restarts + 1} waits "
+                    f"({record.get('Reason', 'None')}) for Slurm's requeue delay and the nodes, and resumes from "
+                    "the newest checkpoint"
+                )
+                return replace(status, reason=why, lost_nodes=tuple(lost))
         return status
-
-    def _nodes_lost_by_last_attempt(self, record: dict[str, str]) -> list[str] | None:
-        if not record.get("StdOut") or (Path(record.get("WorkDir") or "/nonexistent") / PREEMPTED_MARKER).is_file():
-            return None  # a clean preemption, not a lost node
-        return nodes_lost_in(last_attempt_log(Path(record["StdOut"])))
 
     def release_requeue_hold(self, handle: JobHandle) -> str | None:
         """Slurm holds a requeued job back about two minutes (Reason=BeginTime); a run whose last attempt

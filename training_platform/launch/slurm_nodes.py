@@ -8,9 +8,9 @@ a minute. After the requeue nothing in the job's record says why; srun and slurm
 log (`srun: error: Node failure on NODE`, `... CANCELLED ... DUE TO NODE FAILURE`).
 
 Such a job waits out Slurm's requeue hold (about two minutes), unlike one whose attempt checkpointed on a
-preemption: slurmctld still delivers the lost attempt's kill to the node once it is back, and a new attempt
-started sooner had its ranks there killed by it (4 of 12 tries here, Slurm 22.05: SIGTERM 35 s after the node
-came back, or srun waiting for ever on "Requested nodes are busy").
+preemption. Started sooner, 4 of 12 new attempts here went wrong on the returned node (Slurm 22.05): once its
+ranks got SIGTERM 35 s after the node came back (the lost attempt's kill, which slurmctld still delivers to a
+node once it answers), three times srun waited for ever on "Requested nodes are busy".
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from training_platform.launch.slurm_cluster import SlurmCommands
 
 # Base states of a node that runs nothing; `*` after any state: the node missed slurmctld's pings.
-_DEAD_STATES = frozenset({"down", "fail", "failing", "no_respond"})
+_DEAD_STATES = frozenset({"down", "fail", "failing"})
 _NODE_FAILURE = re.compile(r"Node failure on (\S+)")
 _CANCELLED_BY_NODE_FAILURE = "DUE TO NODE FAILURE"
 # The batch script's first line in every attempt (slurm.py render_sbatch).
