@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from training_platform.checkpoints.layout import chunk_key, quarantine_key
+from training_platform.checkpoints.layout import chunk_key, quarantine_key, trash_prefix
 from training_platform.checkpoints.manifest import CheckpointManifest, ChunkRef, TensorRef
 from training_platform.checkpoints.serialization import dtype_from_name, tensor_from_bytes
 from training_platform.checkpoints.storage import Storage
@@ -44,7 +44,21 @@ class ChunkReader:
             if not ref.matches(out[:size]):
                 raise self._damaged(tier, ref, f"does not match its {ref.algorithm} hash (corrupted)")
             return
+        if self._read_set_aside(ref, out):
+            return
         raise CheckpointError(f"chunk {self.tiers[0].uri}/{key} is missing (looked in {self._where()})")
+
+    def _read_set_aside(self, ref: ChunkRef, out: memoryview) -> bool:
+        """Read a chunk a GC has set aside and is about to put back (retention.py), or left there when it died."""
+        for tier in self.tiers:
+            for key in tier.list(trash_prefix(ref.digest)):
+                try:
+                    size = tier.get_into(key, out)
+                except (FileNotFoundError, ValueError):
+                    continue
+                if ref.matches(out[:size]):
+                    return True
+        return False
 
     def _damaged(self, tier: Storage, ref: ChunkRef, problem: str) -> CheckpointError:
         key = chunk_key(ref.digest)

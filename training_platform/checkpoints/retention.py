@@ -5,13 +5,18 @@ references them. GC is safe while saves run:
 
 - a chunk younger than the grace period (by the storage's own clock: see storage_now) is
   never deleted; a save writes its new chunks and then its lease or manifest, so the grace
-  must outlast a save's chunk phase plus a second (the default is an hour);
+  must outlast a save's chunk phase plus a second (the default is an hour). GC reads a
+  candidate's age again right before it takes it: the chunk it listed as old may have been
+  deleted since (by another GC) and written anew by a save;
 - a save that reused existing chunks lists them in a lease, waits LEASE_SETTLE_SECONDS,
   re-checks them (rewriting any that vanished), writes its manifest, then drops the lease;
-- GC reads leases, then manifests, and deletes only within GC_DELETE_WINDOW_SECONDS of that
-  lease read (re-reading otherwise). A delete that lands after a save's re-check therefore
-  happened less than the window after the lease read, so that read saw the lease, or saw
-  the manifest that replaced it.
+- GC reads leases, then manifests, and takes chunks only within GC_DELETE_WINDOW_SECONDS of
+  that read (re-reading otherwise). It moves them to trash/, reads leases and manifests again,
+  and only then deletes what they do not name, putting the rest back. A move that lands after
+  a save's re-check (a GC thread stalled past its window) therefore comes after that save's
+  lease was out, so the second read names the chunk; a move before the re-check makes the save
+  write the chunk again. The window keeps such put-backs rare: a reader in between finds the
+  chunk in trash/ (reader.py).
 """
 
 from __future__ import annotations
@@ -20,10 +25,18 @@ import json
 import logging
 import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from training_platform.checkpoints.layout import chunk_key, clock_probe_key, step_of_manifest_key
+from training_platform.checkpoints.layout import (
+    TRASH,
+    chunk_key,
+    clock_probe_key,
+    set_aside_at,
+    step_of_manifest_key,
+    trash_key,
+)
 from training_platform.checkpoints.manifest import CheckpointManifest, parse_manifest
 from training_platform.checkpoints.removed import Removals
 from training_platform.checkpoints.storage import Storage
@@ -35,6 +48,8 @@ log = logging.getLogger(__name__)
 GC_DELETE_WINDOW_SECONDS = MIN_SETTLE_SECONDS * 0.6
 STALE_LEASE_SECONDS = 24 * 3600.0
 STALE_TEMPORARY_SECONDS = 3600.0
+STALE_TRASH_SECONDS = 3600.0
+"""a chunk set aside this long ago belongs to a GC that died before it deleted or put it back"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,6 +132,8 @@ class GcReport:
     """bytes of every chunk on the tier before this collection"""
     by_run: dict[str, Freed] = field(default_factory=dict)
     """what was freed per run whose removed checkpoints named the chunks (removed.py)"""
+    put_back_chunks: int = 0
+    """chunks set aside and then put back: a save named them meanwhile, or a dead GC had left them"""
 
     def merged(self, other: GcReport) -> GcReport:
         runs = {
@@ -133,6 +150,7 @@ class GcReport:
             dry_run=self.dry_run or other.dry_run,
             stored_bytes=self.stored_bytes + other.stored_bytes,
             by_run=runs,
+            put_back_chunks=self.put_back_chunks + other.put_back_chunks,
         )
 
     def freed(self, digest: str, size: int, run_id: str) -> None:
@@ -222,6 +240,46 @@ def storage_now(storage: Storage) -> float:
     return info.modified
 
 
+def _set_aside(storage: Storage, digest: str, target: str, old_before: float) -> str:
+    """Move a candidate to trash/ unless it is gone or was written since it was listed.
+
+    Returns "aside", "gone" or "young".
+    """
+    info = storage.stat(chunk_key(digest))
+    if info is None:
+        return "gone"
+    if info.modified >= old_before:
+        return "young"
+    try:
+        storage.move(chunk_key(digest), target)
+    except FileNotFoundError:
+        return "gone"
+    return "aside"
+
+
+def _put_back(storage: Storage, key: str, digest: str, report: GcReport) -> None:
+    # A save may have written the chunk anew meanwhile: the same bytes, so overwriting is harmless.
+    storage.move(key, chunk_key(digest))
+    report.put_back_chunks += 1
+    report.kept_chunks += 1
+    log.info("GC of %s put chunk %s back: a lease or manifest names it", storage.uri, digest)
+
+
+def _settle_left_aside(storage: Storage, now: float, referenced: set[str], report: GcReport) -> None:
+    """Finish what a GC that died between setting chunks aside and deleting them left in trash/."""
+    for key in storage.list(TRASH):
+        when = set_aside_at(key)
+        if when is not None and now - when < STALE_TRASH_SECONDS:
+            continue  # a GC at work may still put it back
+        digest = key.split("/")[1]
+        if not _CHUNK_NAME.fullmatch(digest.encode()):
+            continue  # not put there by a GC
+        if digest in referenced and not storage.exists(chunk_key(digest)):
+            _put_back(storage, key, digest, report)
+        else:
+            storage.delete(key)
+
+
 def collect_garbage(storage: Storage, grace_seconds: float = 3600.0, *, dry_run: bool = False) -> GcReport:
     """Delete unreferenced chunks older than `grace_seconds` from one storage tier.
 
@@ -248,19 +306,35 @@ def collect_garbage(storage: Storage, grace_seconds: float = 3600.0, *, dry_run:
         for digest, size in candidates:
             report.freed(digest, size, removals.run_of.get(digest, UNATTRIBUTED))
         return report
+    _settle_left_aside(storage, now, referenced, report)
+    gc_id, started = uuid.uuid4().hex[:12], time.monotonic()
     idle_rounds = 0
     while candidates and idle_rounds < 3:
         leases_read_at = time.monotonic()
         protected = _leased(storage, now, report) | references.refresh()
-        # Re-reading took longer than the window (a slow store): nothing may be deleted this round.
+        # Re-reading took longer than the window (a slow store): nothing may be taken this round.
         idle_rounds = idle_rounds + 1 if time.monotonic() - leases_read_at >= GC_DELETE_WINDOW_SECONDS else 0
+        aside: dict[str, tuple[str, int]] = {}
         while candidates and time.monotonic() - leases_read_at < GC_DELETE_WINDOW_SECONDS:
             digest, size = candidates.pop()
             if digest in protected:
                 report.kept_chunks += 1
                 continue
-            storage.delete(chunk_key(digest))
-            report.freed(digest, size, removals.run_of.get(digest, UNATTRIBUTED))
+            target = trash_key(digest, now + time.monotonic() - started, gc_id)
+            taken = _set_aside(storage, digest, target, now - grace_seconds)
+            if taken == "aside":
+                aside[digest] = (target, size)
+            elif taken == "young":
+                report.young_chunks += 1
+                young.add(digest)
+        if aside:
+            named = _leased(storage, now, report) | references.refresh()
+            for digest, (target, size) in aside.items():
+                if digest in named:
+                    _put_back(storage, target, digest, report)
+                else:
+                    storage.delete(target)
+                    report.freed(digest, size, removals.run_of.get(digest, UNATTRIBUTED))
     if candidates:
         report.postponed_chunks = len(candidates)
         log.warning(

@@ -1,0 +1,163 @@
+"""Two interleavings of GC with a save that the timing rules alone did not cover.
+
+- A GC thread that stalls between its window check and its delete (a busy machine, the GIL)
+  removes a reused chunk after the save re-checked it: GC now sets chunks aside, reads leases
+  and manifests again, and puts back what they name.
+- A GC that listed a chunk as old garbage, which was then deleted by someone else and written
+  anew by a save (no lease: it was not reused), deleted the new copy before the save's manifest
+  was out: GC now looks at the chunk's age again right before it sets it aside.
+
+Each test holds GC at the named moment with events, so the interleaving happens every time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+
+from training_platform.checkpoints import writer
+from training_platform.checkpoints.layout import chunk_key, trash_key
+from training_platform.checkpoints.manifest import chunk_digest
+from training_platform.checkpoints.retention import STALE_TRASH_SECONDS, collect_garbage, storage_now
+from training_platform.checkpoints.serialization import byte_view, tensor_blob
+from training_platform.checkpoints.storage import LocalStorage
+from training_platform.checkpoints.store import CheckpointStore
+
+GRACE = 3600.0
+WAIT = 60.0
+TENSOR = torch.arange(1024, dtype=torch.float32)
+KEY = chunk_key(chunk_digest(byte_view(TENSOR)))
+
+
+class HeldStorage(LocalStorage):
+    """A local tier that calls `hook(event, key)` at the moments the tests hold GC."""
+
+    hook = staticmethod(lambda event, key: None)
+
+    def move(self, key: str, target: str) -> None:
+        self.hook("remove", key)
+        super().move(key, target)
+
+    def delete(self, key: str) -> None:
+        self.hook("remove", key)
+        super().delete(key)
+
+    def exists(self, key: str) -> bool:
+        found = super().exists(key)
+        self.hook("exists", key)
+        return found
+
+    def list_info(self, prefix: str):
+        infos = super().list_info(prefix)
+        self.hook(f"listed {prefix}", "")
+        return infos
+
+    def put(self, key: str, data, *, sync_parent: bool = True) -> None:
+        self.hook("put", key)
+        super().put(key, data, sync_parent=sync_parent)
+
+
+def leave_as_old_garbage(storage: LocalStorage) -> None:
+    LocalStorage.put(storage, KEY, tensor_blob(TENSOR).data)
+    old = storage.stat(KEY).modified - 2 * GRACE
+    os.utime(storage.root / KEY, (old, old))
+
+
+def a_store(tmp_path, monkeypatch) -> tuple[CheckpointStore, HeldStorage]:
+    monkeypatch.setattr(writer, "CHUNK_BYTES", 4096)  # one chunk per tensor
+    monkeypatch.setattr(writer, "PACK_BELOW_BYTES", 1024)
+    storage = HeldStorage(tmp_path / "store")
+    return CheckpointStore(storage, lease_settle_seconds=writer.MIN_SETTLE_SECONDS), storage
+
+
+def in_thread(target) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            target()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, errors
+
+
+def test_a_gc_that_stalls_past_its_window_puts_back_a_chunk_a_save_has_rechecked(tmp_path, monkeypatch):
+    store, storage = a_store(tmp_path, monkeypatch)
+    leave_as_old_garbage(storage)
+    collectors: list[threading.Thread] = []
+    about_to_remove, rechecked = threading.Event(), threading.Event()
+
+    def hook(event: str, key: str) -> None:
+        on_gc = threading.current_thread() in collectors
+        if event == "remove" and key == KEY and on_gc and not about_to_remove.is_set():
+            about_to_remove.set()
+            assert rechecked.wait(WAIT), "the save never re-checked its reused chunk"
+        elif event == "exists" and key == KEY and not on_gc:
+            rechecked.set()
+
+    storage.hook = hook
+    reports: list = []
+    collector, errors = in_thread(lambda: reports.append(collect_garbage(storage, GRACE)))
+    collectors.append(collector)
+    assert about_to_remove.wait(WAIT), "GC never came to the old chunk"
+    # GC read the leases before this save's lease existed, and passed its window check; it stalls
+    # until the save, which found the chunk stored and reused it, has re-checked it.
+    store.save("run", 1, {"x": TENSOR})
+    collector.join(WAIT)
+    assert errors == [] and not collector.is_alive()
+
+    restored = store.load(store.list("run")[-1])
+    assert torch.equal(restored["x"], TENSOR)
+    assert reports[0].put_back_chunks == 1 and reports[0].deleted_chunks == 0
+    assert storage.list("trash") == []
+
+
+def test_a_gc_spares_a_chunk_written_anew_since_it_listed_it_as_old(tmp_path, monkeypatch):
+    store, storage = a_store(tmp_path, monkeypatch)
+    leave_as_old_garbage(storage)
+    collectors: list[threading.Thread] = []
+    listed, release = threading.Event(), threading.Event()
+
+    def hook(event: str, key: str) -> None:
+        on_gc = threading.current_thread() in collectors
+        if event == "listed chunks" and on_gc and not listed.is_set():
+            listed.set()  # GC holds the chunk as an old candidate
+            assert release.wait(WAIT), "the save never came to its manifest"
+        elif event == "put" and key.startswith("runs/") and not on_gc and not release.is_set():
+            release.set()  # the chunk is stored anew and its manifest is not out: GC runs to its end
+            collectors[0].join(WAIT)
+
+    storage.hook = hook
+    collector, errors = in_thread(lambda: collect_garbage(storage, GRACE))
+    collectors.append(collector)
+    assert listed.wait(WAIT), "GC never listed the chunks"
+    storage.delete(KEY)  # as another GC would, between this one's listing and its delete
+    store.save("run", 1, {"x": TENSOR})  # stores the chunk anew: nothing reused, so no lease
+    assert errors == [] and not collector.is_alive()
+
+    restored = store.load(store.list("run")[-1])
+    assert torch.equal(restored["x"], TENSOR)
+
+
+def test_what_a_dead_gc_left_aside_is_read_from_there_and_the_next_gc_settles_it(tmp_path, monkeypatch):
+    store, storage = a_store(tmp_path, monkeypatch)
+    store.save("run", 1, {"x": TENSOR})
+    orphan = torch.full((1024,), 7.0)
+    orphan_key = chunk_key(chunk_digest(byte_view(orphan)))
+    LocalStorage.put(storage, orphan_key, tensor_blob(orphan).data)
+    long_ago = storage_now(storage) - 2 * STALE_TRASH_SECONDS
+    # A GC set both aside an hour ago and died before its second read of leases and manifests.
+    kept_aside = trash_key(KEY.removeprefix("chunks/"), long_ago, "deadgc")
+    storage.move(KEY, kept_aside)
+    storage.move(orphan_key, trash_key(orphan_key.removeprefix("chunks/"), long_ago, "deadgc"))
+
+    assert torch.equal(store.load(store.list("run")[-1])["x"], TENSOR)  # read from trash/
+    report = collect_garbage(storage, GRACE)
+    assert report.put_back_chunks == 1
+    assert storage.exists(KEY) and not storage.exists(orphan_key) and storage.list("trash") == []
+    assert torch.equal(store.load(store.list("run")[-1])["x"], TENSOR)
