@@ -7,7 +7,7 @@ removed/<run_id>/<step:012d>.json        chunk lists of manifests retention or t
                                          can say which run the bytes it frees came from (no reference)
 leases/<id>.json                         saves in progress: chunks GC must not delete
 quarantine/<digest>.<id>                 chunks that failed their hash on read, kept for inspection
-trash/<digest>/<time>-<gc id>            chunks a GC set aside: deleted, or put back when a lease or manifest
+trash/<digest>.<time>-<gc id>            chunks a GC set aside: deleted, or put back when a lease or manifest
                                          read after the move names them (retention.py)
 clock/<id>.probe                         written and deleted by GC to read the storage's clock
 tiers/cold.json                          the cold tier's URI, so every reader of the store finds it
@@ -36,19 +36,17 @@ def quarantine_key(digest: str) -> str:
 TRASH = "trash"
 
 
-def trash_prefix(digest: str) -> str:
-    return f"{TRASH}/{chunk_key(digest).removeprefix('chunks/')}"
-
-
 def trash_key(digest: str, set_aside_at: float, gc_id: str) -> str:
-    # The time is in the key: a move keeps a file's modification time, so the object's own says nothing.
-    return validate_key(f"{trash_prefix(digest)}/{int(set_aside_at)}-{gc_id}")
+    # Flat, so nothing is left behind per deleted chunk; the time is in the name because a move keeps
+    # a file's modification time, so the object's own says nothing of when it was set aside.
+    return validate_key(f"{TRASH}/{chunk_key(digest).removeprefix('chunks/')}.{int(set_aside_at)}-{gc_id}")
 
 
-def set_aside_at(key: str) -> float | None:
-    """When a GC set the chunk under this trash key aside (None for a key of another form)."""
-    stem = key.rsplit("/", 1)[-1].split("-", 1)[0]
-    return float(stem) if stem.isdigit() else None
+def parse_trash_key(key: str) -> tuple[str, float | None]:
+    """The chunk digest under a trash key, and when a GC set it aside (None for a name of another form)."""
+    digest, _, rest = key.rsplit("/", 1)[-1].partition(".")
+    stamp = rest.split("-", 1)[0]
+    return digest, float(stamp) if stamp.isdigit() else None
 
 
 def run_prefix(run_id: str) -> str:

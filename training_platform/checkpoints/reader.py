@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from training_platform.checkpoints.layout import chunk_key, quarantine_key, trash_prefix
+from training_platform.checkpoints.layout import TRASH, chunk_key, parse_trash_key, quarantine_key
 from training_platform.checkpoints.manifest import CheckpointManifest, ChunkRef, TensorRef
 from training_platform.checkpoints.serialization import dtype_from_name, tensor_from_bytes
 from training_platform.checkpoints.storage import Storage
@@ -51,7 +51,7 @@ class ChunkReader:
     def _read_set_aside(self, ref: ChunkRef, out: memoryview) -> bool:
         """Read a chunk a GC has set aside and is about to put back (retention.py), or left there when it died."""
         for tier in self.tiers:
-            for key in tier.list(trash_prefix(ref.digest)):
+            for key in [k for k in tier.list(TRASH) if parse_trash_key(k)[0] == ref.digest]:
                 try:
                     size = tier.get_into(key, out)
                 except (FileNotFoundError, ValueError):

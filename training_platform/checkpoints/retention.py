@@ -7,7 +7,9 @@ references them. GC is safe while saves run:
   never deleted; a save writes its new chunks and then its lease or manifest, so the grace
   must outlast a save's chunk phase plus a second (the default is an hour). GC reads a
   candidate's age again right before it takes it: the chunk it listed as old may have been
-  deleted since (by another GC) and written anew by a save;
+  deleted since (by another GC) and written anew by a save. What is left open is a chunk
+  deleted and written anew between that look and the move (two storage calls apart), by a
+  save whose manifest is out only after GC's second read (below);
 - a save that reused existing chunks lists them in a lease, waits LEASE_SETTLE_SECONDS,
   re-checks them (rewriting any that vanished), writes its manifest, then drops the lease;
 - GC reads leases, then manifests, and takes chunks only within GC_DELETE_WINDOW_SECONDS of
@@ -33,7 +35,7 @@ from training_platform.checkpoints.layout import (
     TRASH,
     chunk_key,
     clock_probe_key,
-    set_aside_at,
+    parse_trash_key,
     step_of_manifest_key,
     trash_key,
 )
@@ -268,12 +270,11 @@ def _put_back(storage: Storage, key: str, digest: str, report: GcReport) -> None
 def _settle_left_aside(storage: Storage, now: float, referenced: set[str], report: GcReport) -> None:
     """Finish what a GC that died between setting chunks aside and deleting them left in trash/."""
     for key in storage.list(TRASH):
-        when = set_aside_at(key)
-        if when is not None and now - when < STALE_TRASH_SECONDS:
-            continue  # a GC at work may still put it back
-        digest = key.split("/")[1]
+        digest, when = parse_trash_key(key)
         if not _CHUNK_NAME.fullmatch(digest.encode()):
             continue  # not put there by a GC
+        if when is not None and now - when < STALE_TRASH_SECONDS:
+            continue  # a GC at work may still put it back
         if digest in referenced and not storage.exists(chunk_key(digest)):
             _put_back(storage, key, digest, report)
         else:
