@@ -27,7 +27,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -253,7 +253,9 @@ class StagedCheckpoint:
         chunk removed while this save settles then fails the save instead of being rewritten."""
         self.stats._reused = dict.fromkeys(self.stats._reused)
 
-    def finish(self) -> CheckpointManifest:
+    def finish(self, still_wanted: Callable[[], bool] | None = None) -> CheckpointManifest:
+        """`still_wanted`, asked right before the manifest goes out: False abandons the save (its chunks
+        are left to GC)."""
         settle = max(0.0, self.settled_at - time.monotonic())
         time.sleep(settle)
         try:
@@ -267,6 +269,11 @@ class StagedCheckpoint:
                 stall_seconds=stats.stall_seconds,
                 background_seconds=stats.background_seconds,
             )
+            if still_wanted is not None and not still_wanted():
+                raise CheckpointError(
+                    f"checkpoint step {self.manifest.step} of run {self.manifest.run_id} was abandoned before "
+                    "its manifest: the process that asked for it is gone"
+                )
             return publish(self.storage, self.manifest, self.signer, [self.lease])
         except Exception:
             if self.lease:  # a lease left behind would keep the chunks from GC for a day

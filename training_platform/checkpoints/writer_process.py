@@ -4,8 +4,11 @@ Started by AsyncCheckpointer as ``python -m training_platform.checkpoints.writer
 (a fresh interpreter, not a fork: it shares no locks, threads or rendezvous ports with the
 trainer, so it works under torchrun). It imports no torch. It reads the snapshot from the
 trainer's memfd staging buffer through /proc, writes chunks and the manifest, applies the
-run's retention policy when asked, and answers with the manifest or the error. When
-the trainer goes away its socket closes and this exits, after finishing the saves it took.
+run's retention policy when asked, and answers with the manifest or the error. A trainer that
+closes the checkpointer ("stop") has every save it handed over published first. A trainer that
+dies instead (SIGKILL, the OOM killer) takes its unpublished saves with it: its job is reported
+failed, and a checkpoint that appeared later would change what the failed run left (and what a
+retry of it resumes from). The writer tells by its parent, the trainer, changing under it.
 
 Two stages per save: the main loop writes the chunks, then (unless the trainer waits for this
 save) tells the trainer it may reuse its buffer ("released"); a publisher thread finishes the
@@ -78,7 +81,7 @@ class _Publisher:
                 reply = job()
             except Exception as exc:  # reported to the trainer, never raised into its loop
                 reply = {"ok": False, "error": _describe(exc)}
-            with contextlib.suppress(OSError):  # the trainer is gone; finish the remaining saves anyway
+            with contextlib.suppress(OSError):  # the trainer is gone: nobody reads the answer
                 self._send(reply)
 
 
@@ -93,6 +96,12 @@ def serve(conn: Connection) -> None:
         with sending:
             conn.send(message)
 
+    trainer = os.getppid()
+
+    def trainer_alive() -> bool:
+        # Reparented the moment the trainer exits (its socket may close later, or never while staging).
+        return os.getppid() == trainer
+
     publisher = _Publisher(send)
     send({"ready": True, "pid": os.getpid()})
     try:
@@ -105,13 +114,17 @@ def serve(conn: Connection) -> None:
                 publisher.drain()
                 send({"stopped": True})
                 return
-            publisher.submit(_stage(request, staging, store, send))
+            publisher.submit(_stage(request, staging, store, send, trainer_alive))
     finally:
         publisher.drain()
 
 
 def _stage(
-    request: dict, staging: _Staging, store: CheckpointStore, send: Callable[[dict], None]
+    request: dict,
+    staging: _Staging,
+    store: CheckpointStore,
+    send: Callable[[dict], None],
+    trainer_alive: Callable[[], bool],
 ) -> Callable[[], dict]:
     """Write one save's chunks from the staging buffer; returns the job that publishes it."""
     buffer = blobs = staged = None
@@ -139,18 +152,24 @@ def _stage(
     if not request["keep_snapshot"]:
         if staged is not None:
             staged.release_snapshot()
-        # A trainer that went away does not keep the saves it handed over from being finished.
+        # A trainer gone meanwhile is not told (its save is abandoned before the manifest, in _publish).
         with contextlib.suppress(OSError):
             send({"released": request["step"]})
     if staged is None:
         return lambda: failure  # answered in order, after the saves before it
-    return lambda: _publish(staged, store, request["run_id"], request.get("retention"))
+    return lambda: _publish(staged, store, request["run_id"], request.get("retention"), trainer_alive)
 
 
-def _publish(staged: StagedCheckpoint, store: CheckpointStore, run_id: str, retention: dict | None) -> dict:
-    manifest = staged.finish()
+def _publish(
+    staged: StagedCheckpoint,
+    store: CheckpointStore,
+    run_id: str,
+    retention: dict | None,
+    trainer_alive: Callable[[], bool],
+) -> dict:
+    manifest = staged.finish(still_wanted=trainer_alive)
     reply = {"ok": True, "manifest": manifest.model_dump_json(), "uri": store.storage.uri}
-    if retention:
+    if retention and trainer_alive():
         reply |= _retain(store, run_id, retention)
     return reply
 
@@ -170,7 +189,7 @@ def _describe(exc: Exception) -> str:
 
 def main() -> None:
     # A preemption signals the whole process group. The writer finishes the save in flight (the
-    # trainer waits for it inside the grace period) and leaves when the trainer closes the socket.
+    # trainer waits for it inside the grace period, then closes the checkpointer).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     fd = int(sys.argv[1])
     sock = socket.socket(fileno=fd)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -155,3 +158,45 @@ def test_closing_a_writer_that_never_saved_does_not_wait_for_it(store):
     process = checkpointer._process
     checkpointer.close()  # at once: the writer may still be importing
     assert process.poll() is not None and checkpointer.writer_pid is None
+
+
+DYING_TRAINER = """
+import os, signal, sys, time
+import torch
+from training_platform.checkpoints import AsyncCheckpointer, open_store
+
+store = open_store(sys.argv[1])
+store.lease_settle_seconds = float(sys.argv[2])
+checkpointer = AsyncCheckpointer(store)
+state = {"w": torch.ones(300_000)}
+checkpointer.save_async("r", 1, state)
+assert checkpointer.wait().ok
+checkpointer.save_async("r", 2, state)  # reuses every chunk: leased, settles, then the manifest
+while not store.storage.list("leases"):
+    time.sleep(0.01)
+print(checkpointer.writer_pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would, with step 2 settling
+"""
+
+
+def test_a_trainer_killed_with_a_save_in_flight_takes_the_unpublished_save_with_it(store, tmp_path):
+    settle = 5.0  # the kill must land inside it: the trainer kills itself as soon as the lease is out
+    done = subprocess.run(
+        [sys.executable, "-c", DYING_TRAINER, str(tmp_path / "store"), str(settle)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    writer = int(done.stdout.split()[-1])
+
+    def writer_gone() -> bool:
+        try:
+            return psutil.Process(writer).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    deadline = time.monotonic() + 60
+    while not writer_gone():
+        assert time.monotonic() < deadline, "the writer outlived its trainer by a minute"
+        time.sleep(0.1)
+    assert [m.step for m in store.list("r")] == [1]  # step 2 was abandoned, step 1 is untouched
+    assert store.storage.list("leases") == []  # and its lease does not hold chunks from GC for a day
