@@ -47,6 +47,24 @@ def _ranks_started(pgid: int) -> bool:
     return any("multiprocessing.forkserver" in " ".join(p.cmdline()) and p.children() for p in _group(pgid))
 
 
+def _writers(pgid: int) -> list[psutil.Process]:
+    """The ranks' checkpoint writers: in a session of their own, so outside the job's group."""
+    found = []
+    for process in _group(pgid):
+        try:
+            found += [c for c in process.children() if "training_platform.checkpoints.writer_process" in c.cmdline()]
+        except psutil.Error:
+            continue
+    return found
+
+
+def _gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _stepped(home, run_id: str, step: int) -> bool:
     return any(e["kind"] == "progress" and e["step"] >= step for e in RunEvents(home / "runs" / run_id).read())
 
@@ -84,6 +102,8 @@ def test_a_killed_agent_takes_every_process_of_its_job_with_it(home, moment):
     wait_until(lambda: MOMENTS[moment](home, run_id, pgid), 120, f"the job to reach {moment}")
     agent = _agent(pgid)
     assert agent is not None, "the agent ended before it could be killed"
+    writers = _writers(pgid)
+    assert writers or moment != "training-after-a-save", "the rank that saved has no checkpoint writer"
     agent.send_signal(signal.SIGKILL)
 
     status = wait(launcher, handle)
@@ -91,5 +111,7 @@ def test_a_killed_agent_takes_every_process_of_its_job_with_it(home, moment):
     saved_when_reported = [m.step for m in open_store(home / "checkpoints").list(run_id)]
     # SIGKILLed as the job ended (the kernel may take a moment to take them off the process table).
     wait_until(lambda: not _group(pgid), 5, f"the job's processes gone after it was reported {status.state}")
+    # A writer leaves once its rank is gone, abandoning any save whose manifest was not out.
+    wait_until(lambda: all(_gone(w) for w in writers), 30, "the checkpoint writers gone after their ranks")
     # Nothing trains on into the failed run: its checkpoints are the ones it had when it was reported.
     assert [m.step for m in open_store(home / "checkpoints").list(run_id)] == saved_when_reported

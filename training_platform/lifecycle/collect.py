@@ -72,6 +72,7 @@ def _store_dict(store: StoreReport) -> dict:
         "freed_chunks": gc.deleted_chunks if gc else 0,
         "young_chunks": gc.young_chunks if gc else 0,
         "postponed_chunks": gc.postponed_chunks if gc else 0,
+        "put_back_chunks": gc.put_back_chunks if gc else 0,
         "skipped": gc.skipped if gc else {},
         "by_run": {run or "(unattributed)": vars(f) for run, f in sorted(gc.by_run.items())} if gc else {},
         "tiered": store.tiered,

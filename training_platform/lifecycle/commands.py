@@ -80,6 +80,11 @@ def show(report: LifecycleReport, settings_file: str) -> None:
                 str(freed.chunks if freed else 0),
                 ", ".join(map(str, moved)) or "-",
             )
+        if gc.put_back_chunks:
+            say(
+                f"{store.uri}: put {gc.put_back_chunks} chunks back from trash/ (a save named them while GC took "
+                "them, or a GC that died had left them there)"
+            )
         for uri, why in gc.skipped.items():
             say(f"[yellow]kept every chunk named by {uri}[/yellow]: {why}")
         for verb_, pins in (("pinned", store.pins.added), ("unpinned", store.pins.removed)) if store.pins else ():
