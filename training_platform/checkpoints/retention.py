@@ -30,6 +30,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Literal
 
 from training_platform.checkpoints.layout import (
     TRASH,
@@ -242,11 +243,8 @@ def storage_now(storage: Storage) -> float:
     return info.modified
 
 
-def _set_aside(storage: Storage, digest: str, target: str, old_before: float) -> str:
-    """Move a candidate to trash/ unless it is gone or was written since it was listed.
-
-    Returns "aside", "gone" or "young".
-    """
+def _set_aside(storage: Storage, digest: str, target: str, old_before: float) -> Literal["aside", "gone", "young"]:
+    """Move a candidate to trash/ unless it is gone or was written since it was listed."""
     info = storage.stat(chunk_key(digest))
     if info is None:
         return "gone"
@@ -290,7 +288,12 @@ def collect_garbage(storage: Storage, grace_seconds: float = 3600.0, *, dry_run:
     references = _References(storage, report)
     removals = Removals(storage)
     now = storage_now(storage)
-    referenced = _leased(storage, now, report) | references.refresh()
+
+    def named() -> set[str]:
+        """Every chunk a lease or manifest names now (leases first: see the module docstring)."""
+        return _leased(storage, now, report) | references.refresh()
+
+    referenced = named()
     candidates = []
     young: set[str] = set()
     for info in storage.list_info("chunks"):
@@ -312,7 +315,7 @@ def collect_garbage(storage: Storage, grace_seconds: float = 3600.0, *, dry_run:
     idle_rounds = 0
     while candidates and idle_rounds < 3:
         leases_read_at = time.monotonic()
-        protected = _leased(storage, now, report) | references.refresh()
+        protected = named()
         # Re-reading took longer than the window (a slow store): nothing may be taken this round.
         idle_rounds = idle_rounds + 1 if time.monotonic() - leases_read_at >= GC_DELETE_WINDOW_SECONDS else 0
         aside: dict[str, tuple[str, int]] = {}
@@ -329,9 +332,9 @@ def collect_garbage(storage: Storage, grace_seconds: float = 3600.0, *, dry_run:
                 report.young_chunks += 1
                 young.add(digest)
         if aside:
-            named = _leased(storage, now, report) | references.refresh()
+            named_now = named()
             for digest, (target, size) in aside.items():
-                if digest in named:
+                if digest in named_now:
                     _put_back(storage, target, digest, report)
                 else:
                     storage.delete(target)

@@ -72,38 +72,43 @@ def a_store(tmp_path, monkeypatch) -> tuple[CheckpointStore, HeldStorage]:
     return CheckpointStore(storage, lease_settle_seconds=writer.MIN_SETTLE_SECONDS), storage
 
 
-def in_thread(target) -> tuple[threading.Thread, list[BaseException]]:
+GC_THREAD = "held-gc"
+
+
+def on_gc() -> bool:
+    return threading.current_thread().name == GC_THREAD
+
+
+def collect_in_thread(storage: LocalStorage) -> tuple[threading.Thread, list, list[BaseException]]:
+    """One GC in a thread the hooks know by its name (from its first instruction on); its report and errors."""
+    reports: list = []
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            target()
+            reports.append(collect_garbage(storage, GRACE))
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, name=GC_THREAD)
     thread.start()
-    return thread, errors
+    return thread, reports, errors
 
 
 def test_a_gc_that_stalls_past_its_window_puts_back_a_chunk_a_save_has_rechecked(tmp_path, monkeypatch):
     store, storage = a_store(tmp_path, monkeypatch)
     leave_as_old_garbage(storage)
-    collectors: list[threading.Thread] = []
     about_to_remove, rechecked = threading.Event(), threading.Event()
 
     def hook(event: str, key: str) -> None:
-        on_gc = threading.current_thread() in collectors
-        if event == "remove" and key == KEY and on_gc and not about_to_remove.is_set():
+        if event == "remove" and key == KEY and on_gc() and not about_to_remove.is_set():
             about_to_remove.set()
             assert rechecked.wait(WAIT), "the save never re-checked its reused chunk"
-        elif event == "exists" and key == KEY and not on_gc:
+        elif event == "exists" and key == KEY and not on_gc():
             rechecked.set()
 
     storage.hook = hook
-    reports: list = []
-    collector, errors = in_thread(lambda: reports.append(collect_garbage(storage, GRACE)))
-    collectors.append(collector)
+    collector, reports, errors = collect_in_thread(storage)
     assert about_to_remove.wait(WAIT), "GC never came to the old chunk"
     # GC read the leases before this save's lease existed, and passed its window check; it stalls
     # until the save, which found the chunk stored and reused it, has re-checked it.
@@ -120,21 +125,19 @@ def test_a_gc_that_stalls_past_its_window_puts_back_a_chunk_a_save_has_rechecked
 def test_a_gc_spares_a_chunk_written_anew_since_it_listed_it_as_old(tmp_path, monkeypatch):
     store, storage = a_store(tmp_path, monkeypatch)
     leave_as_old_garbage(storage)
-    collectors: list[threading.Thread] = []
     listed, release = threading.Event(), threading.Event()
+    collector: threading.Thread | None = None
 
     def hook(event: str, key: str) -> None:
-        on_gc = threading.current_thread() in collectors
-        if event == "listed chunks" and on_gc and not listed.is_set():
+        if event == "listed chunks" and on_gc() and not listed.is_set():
             listed.set()  # GC holds the chunk as an old candidate
             assert release.wait(WAIT), "the save never came to its manifest"
-        elif event == "put" and key.startswith("runs/") and not on_gc and not release.is_set():
+        elif event == "put" and key.startswith("runs/") and not on_gc() and not release.is_set():
             release.set()  # the chunk is stored anew and its manifest is not out: GC runs to its end
-            collectors[0].join(WAIT)
+            collector.join(WAIT)
 
     storage.hook = hook
-    collector, errors = in_thread(lambda: collect_garbage(storage, GRACE))
-    collectors.append(collector)
+    collector, _, errors = collect_in_thread(storage)
     assert listed.wait(WAIT), "GC never listed the chunks"
     storage.delete(KEY)  # as another GC would, between this one's listing and its delete
     store.save("run", 1, {"x": TENSOR})  # stores the chunk anew: nothing reused, so no lease
