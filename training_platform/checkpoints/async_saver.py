@@ -8,7 +8,8 @@ the writer reads it: under the "wait" policy it waits until the writer has writt
 save's chunks (publishing that one goes on meanwhile; it can take a lease settle of a second or
 so); under "skip" it is skipped while an earlier save is unfinished. A failed or killed
 background save is reported through `last_error` / `wait()`, not raised into the training
-loop; the next save starts a new writer when needed.
+loop; the next save starts a new writer when needed. The writer spreads a save over half the
+time between saves (pacing.py) unless something waits for it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 
 from training_platform.checkpoints.layout import manifest_key
 from training_platform.checkpoints.manifest import CheckpointManifest
+from training_platform.checkpoints.pacing import SaveCadence
 from training_platform.checkpoints.retention import RetentionPolicy
 from training_platform.checkpoints.serialization import dtype_name, flatten_state
 from training_platform.checkpoints.store import CheckpointStore
@@ -99,6 +101,10 @@ class AsyncCheckpointer:
     "low" (nice 10) or "normal". Whenever the caller blocks on a save (`wait()`, `close()`, or
     a new save under the "wait" policy) the writer is raised to normal priority, so a busy
     loop can never starve a save it is waiting for.
+
+    `paced` (the default): each save is spread over half the time since the saves before it
+    (at most a minute; see pacing.py), so it costs the loop less memory bandwidth and disk at
+    once; whatever waits for a save (the same moments as above) has the rest written at full speed.
     """
 
     def __init__(
@@ -107,6 +113,7 @@ class AsyncCheckpointer:
         *,
         policy: Literal["wait", "skip"] = "wait",
         priority: Literal["idle", "low", "normal"] = "idle",
+        paced: bool = True,
         start_timeout: float = 60.0,
     ):
         if policy not in ("wait", "skip"):
@@ -116,6 +123,7 @@ class AsyncCheckpointer:
         self.store = store
         self.policy = policy
         self.priority = priority
+        self._cadence = SaveCadence() if paced else None
         self.start_timeout = start_timeout
         self.results: list[SaveResult] = []
         """the newest KEPT_RESULTS results, oldest first"""
@@ -129,6 +137,8 @@ class AsyncCheckpointer:
         self._snapshot_in_use: SaveResult | None = None
         """the pending save whose snapshot the writer may still read from the staging buffer"""
         self._writer_ready = False
+        self._hurried = False
+        """the writer was told that every save sent so far is waited for"""
 
     # ----- public API ------------------------------------------------------------------------
     def save_async(
@@ -153,6 +163,7 @@ class AsyncCheckpointer:
         state); a failed save is reported through `last_error` / `wait()`.
         """
         started = time.perf_counter()
+        pace_seconds = self._cadence.started(time.monotonic()) if self._cadence and not keep_snapshot else 0.0
         self._receive()
         if self.policy == "skip" and self._pending:
             log.info("checkpoint step %d skipped: step %d is still being written", step, self._pending[0][0].step)
@@ -180,6 +191,7 @@ class AsyncCheckpointer:
             # Plain fields, not the object: the writer rebuilds (and re-validates) the policy.
             "retention": asdict(retention) if retention is not None else None,
             "keep_snapshot": keep_snapshot,
+            "pace_seconds": pace_seconds,
         }
         result = SaveResult(run_id, step, stall_seconds=stall)
         self._pending.append((result, time.monotonic()))
@@ -187,6 +199,7 @@ class AsyncCheckpointer:
         try:
             self._set_writer_priority(self.priority)
             self._conn.send(request)
+            self._hurried = False
         except OSError:
             self.wait()  # the writer is gone: record why, restart on the next save
 
@@ -355,8 +368,10 @@ class AsyncCheckpointer:
 
     def _receive(self, until: Callable[[], bool] | None = None, timeout: float | None = None) -> None:
         """Take the writer's messages that have arrived; with `until`, wait for more until it holds."""
-        if until is not None and not until() and self.priority != "normal":
-            self._set_writer_priority("normal")  # the caller waits on it now
+        if until is not None and not until():  # the caller waits on the writer now
+            if self.priority != "normal":
+                self._set_writer_priority("normal")
+            self._hurry()
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._pending and not (until is not None and until()):
             try:
@@ -370,6 +385,14 @@ class AsyncCheckpointer:
                 return
             if until is None or (deadline is not None and time.monotonic() > deadline):
                 return
+
+    def _hurry(self) -> None:
+        """Have the writer write every save sent so far at full speed."""
+        if self._hurried or not self._pending or self._conn is None:
+            return
+        with contextlib.suppress(OSError):  # a writer that is gone is found by the wait
+            self._conn.send({"op": "hurry"})
+            self._hurried = True
 
     def _wait_for_staging(self) -> None:
         """Until the writer no longer reads the staging buffer (it may then be overwritten or replaced)."""

@@ -43,6 +43,7 @@ from training_platform.checkpoints.manifest import (
     TensorRef,
     chunk_digest,
 )
+from training_platform.checkpoints.pacing import Pacer
 from training_platform.checkpoints.signing import ManifestSigner
 from training_platform.checkpoints.storage import Storage
 from training_platform.errors import CheckpointError
@@ -74,20 +75,27 @@ class SaveStats:
     bytes_deduplicated: int = 0
     stall_seconds: float = 0.0
     background_seconds: float = 0.0
+    paced_idle_seconds: float = 0.0
+    """wall time the chunks' writing spent only waiting for its pace (not work: see pacing.py)"""
     _reused: dict[str, memoryview | None] = field(default_factory=dict, repr=False)
     """chunks this save found already stored: digest -> its bytes (None once the snapshot is released)"""
 
 
 class _ChunkSink:
-    """Hashes a piece, skips it when the store already has it, else writes it durably."""
+    """Hashes a piece, skips it when the store already has it, else writes it durably (at the pacer's pace)."""
 
-    def __init__(self, storage: Storage, stats: SaveStats):
+    def __init__(self, storage: Storage, stats: SaveStats, pacer: Pacer):
         self.storage = storage
         self.stats = stats
+        self.pacer = pacer
         self._lock = threading.Lock()
         self._claimed: set[str] = set()
 
     def put(self, piece: memoryview) -> ChunkRef:
+        with self.pacer.turn(len(piece)):
+            return self._put(piece)
+
+    def _put(self, piece: memoryview) -> ChunkRef:
         digest = chunk_digest(piece)
         key = chunk_key(digest)
         with self._lock:
@@ -123,15 +131,18 @@ def write_chunks(
     blobs: Sequence[Blob] = (),
     files: dict[str, Path] | None = None,
     workers: int = WRITE_WORKERS,
+    pacer: Pacer | None = None,
 ) -> WrittenChunks:
-    """Hash, deduplicate and durably write every chunk (in parallel); no manifest yet."""
+    """Hash, deduplicate and durably write every chunk (in parallel, at `pacer`'s pace); no manifest yet."""
     if skeleton is not None and len(skeleton) > MAX_CHUNK_BYTES:  # one chunk, which readers bound
         raise CheckpointError(
             f"the state's non-tensor part takes {len(skeleton)} bytes, more than the {MAX_CHUNK_BYTES} a "
             "checkpoint can hold: keep large data in tensors or numpy arrays"
         )
     stats = SaveStats()
-    sink = _ChunkSink(storage, stats)
+    pacer = pacer or Pacer.unpaced()
+    sink = _ChunkSink(storage, stats, pacer)
+    started = time.monotonic()
     mapped: list[mmap.mmap] = []
     try:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tp-ckpt-write") as pool:
@@ -167,6 +178,8 @@ def write_chunks(
                 },
                 stats=stats,
             )
+        if pacer.paced:
+            stats.paced_idle_seconds = max(0.0, time.monotonic() - started - pacer.busy_seconds)
         storage.sync("chunks")
         return written
     finally:
@@ -261,8 +274,8 @@ class StagedCheckpoint:
         try:
             recheck_reused(self.storage, self.stats)
             stats = self.stats
-            # Work, not waiting: the settle costs nobody anything (and `every_steps: auto` reads this).
-            stats.background_seconds = time.monotonic() - self.started - settle
+            # Work, not waiting: the settle and the pace cost nobody anything (and `every_steps: auto` reads this).
+            stats.background_seconds = time.monotonic() - self.started - settle - stats.paced_idle_seconds
             self.manifest.save = SaveRecord(
                 bytes_written=stats.bytes_written,
                 bytes_deduplicated=stats.bytes_deduplicated,
@@ -296,11 +309,12 @@ def stage_checkpoint(
     stall_seconds: float = 0.0,
     workers: int = WRITE_WORKERS,
     lease_settle_seconds: float = LEASE_SETTLE_SECONDS,
+    pacer: Pacer | None = None,
 ) -> StagedCheckpoint:
-    """Write the chunks and lease the reused ones; the manifest comes with `finish`."""
+    """Write the chunks (at `pacer`'s pace) and lease the reused ones; the manifest comes with `finish`."""
     started = time.monotonic()
     manifest_key(run_id, step)  # refuse a bad run id before writing anything
-    written = write_chunks(storage, skeleton=skeleton, blobs=blobs, files=files, workers=workers)
+    written = write_chunks(storage, skeleton=skeleton, blobs=blobs, files=files, workers=workers, pacer=pacer)
     written.stats.stall_seconds = stall_seconds
     manifest = CheckpointManifest(
         run_id=run_id,

@@ -15,6 +15,10 @@ save) tells the trainer it may reuse its buffer ("released"); a publisher thread
 saves in order (a save that reused stored chunks waits out the lease settle, a second or so,
 before its manifest goes out) and sends each answer. So a run whose saves reuse chunks (a
 reproduction re-saves the same bytes) does not stall its loop on every settle.
+
+A save is written at the pace the trainer asks for (pacing.py); a reader thread takes the
+trainer's messages while a save is written, so its "hurry" (the trainer now waits for every save
+it sent) reaches the save in progress.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
+from training_platform.checkpoints.pacing import PaceControl
 from training_platform.checkpoints.retention import RetentionPolicy
 from training_platform.checkpoints.store import CheckpointStore
 from training_platform.checkpoints.writer import Blob, StagedCheckpoint, stage_checkpoint
@@ -103,20 +108,38 @@ def serve(conn: Connection) -> None:
         return os.getppid() == trainer
 
     publisher = _Publisher(send)
+    pace = PaceControl()
+    requests: queue.Queue[dict | None] = queue.Queue()
     send({"ready": True, "pid": os.getpid()})
+    threading.Thread(target=_read, args=(conn, requests, pace), name="tp-ckpt-requests", daemon=True).start()
     try:
-        while True:
-            try:
-                request = conn.recv()
-            except EOFError:
-                return
+        while (request := requests.get()) is not None:
             if request["op"] == "stop":
                 publisher.drain()
                 send({"stopped": True})
                 return
-            publisher.submit(_stage(request, staging, store, send, trainer_alive))
+            publisher.submit(_stage(request, staging, store, send, trainer_alive, pace))
     finally:
         publisher.drain()
+
+
+def _read(conn: Connection, requests: queue.Queue[dict | None], pace: PaceControl) -> None:
+    """The trainer's messages, in order: saves and the stop for the main loop, 'hurry' at once. None: it is gone."""
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the trainer is gone: nothing waits for a pace any more
+            pace.hurry()
+            requests.put(None)
+            return
+        if message["op"] == "hurry":
+            pace.hurry()
+            continue
+        if message["op"] == "save":
+            message["number"] = pace.received()
+        requests.put(message)
+        if message["op"] == "stop":
+            return
 
 
 def _stage(
@@ -125,6 +148,7 @@ def _stage(
     store: CheckpointStore,
     send: Callable[[dict], None],
     trainer_alive: Callable[[], bool],
+    pace: PaceControl,
 ) -> Callable[[], dict]:
     """Write one save's chunks from the staging buffer; returns the job that publishes it."""
     buffer = blobs = staged = None
@@ -134,6 +158,7 @@ def _stage(
             Blob(data=buffer[offset : offset + size], dtype=dtype, shape=shape)
             for offset, size, dtype, shape in request["tensors"]
         ]
+        total = sum(size for _, size, _, _ in request["tensors"]) + len(request["skeleton"])
         staged = stage_checkpoint(
             store.storage,
             request["run_id"],
@@ -144,6 +169,7 @@ def _stage(
             metrics=request["metrics"],
             stall_seconds=request["stall_seconds"],
             lease_settle_seconds=store.lease_settle_seconds,
+            pacer=pace.pacer(request["number"], total, request.get("pace_seconds", 0.0)),
         )
     except Exception as exc:
         failure = {"ok": False, "error": _describe(exc)}
