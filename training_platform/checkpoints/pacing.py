@@ -43,13 +43,15 @@ class SaveCadence:
 
 
 class Pacer:
-    """Writer side: hands out one save's bytes at a rate that spreads `total_bytes` over `seconds`.
+    """Writer side: hands out one save's bytes at a rate that spreads them over `seconds`.
 
-    Thread-safe: the writer's threads each wait for their chunk's turn, in turn.
+    The writer tells it how many bytes the save holds (`plan`) before the first turn. Thread-safe:
+    the writer's threads each wait for their chunk's turn, in turn.
     """
 
-    def __init__(self, total_bytes: int, seconds: float):
-        self.rate = total_bytes / seconds if seconds > 0 and total_bytes > 0 else math.inf
+    def __init__(self, seconds: float = 0.0):
+        self.seconds = seconds
+        self.rate = math.inf
         self.busy_seconds = 0.0
         """wall time during which at least one thread was working (not waiting for its turn)"""
         self._next: float | None = None
@@ -58,9 +60,10 @@ class Pacer:
         self._lock = threading.Lock()
         self._hurried = threading.Event()
 
-    @classmethod
-    def unpaced(cls) -> Pacer:
-        return cls(0, 0.0)
+    def plan(self, total_bytes: int) -> None:
+        """The save holds `total_bytes`: spread them over the pacer's seconds."""
+        if self.seconds > 0 and total_bytes > 0:
+            self.rate = total_bytes / self.seconds
 
     @contextlib.contextmanager
     def turn(self, nbytes: int) -> Iterator[None]:
@@ -115,9 +118,9 @@ class PaceControl:
             if self._current is not None:
                 self._current.hurry()
 
-    def pacer(self, number: int, total_bytes: int, seconds: float) -> Pacer:
+    def pacer(self, number: int, seconds: float) -> Pacer:
         """The pacer of save `number`, hurried already if the trainer waits for it."""
-        pacer = Pacer(total_bytes, seconds)
+        pacer = Pacer(seconds)
         with self._lock:
             if number <= self._hurried_through:
                 pacer.hurry()

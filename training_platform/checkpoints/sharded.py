@@ -21,6 +21,7 @@ import torch.distributed.checkpoint as dcp
 
 from training_platform.checkpoints.dcp_safe import SafeFileSystemReader, SafeLoadPlanner
 from training_platform.checkpoints.manifest import CheckpointManifest, SaveRecord
+from training_platform.checkpoints.pacing import Pacer
 from training_platform.checkpoints.serialization import flatten_state, tensor_blob
 from training_platform.checkpoints.store import CheckpointStore, RunCheckpoints, nothing_restores
 from training_platform.checkpoints.writer import WrittenChunks, protect_reused, publish, write_chunks
@@ -56,11 +57,12 @@ def save_sharded(
     process_group=None,
     staging_root: str | Path | None = None,
     stall_seconds: float | None = None,
+    pacer: Pacer | None = None,
 ) -> CheckpointManifest:
     """Collective: every rank calls it; returns the manifest (on every rank).
 
     `stall_seconds`: what a save written in the background cost the loop (its copy of the state); None when the
-    loop waits for this call, which is then all stall.
+    loop waits for this call, which is then all stall. `pacer`: the pace of this rank's chunks (pacing.py).
 
     `weights` (rank 0's, when given): the full model weights, stored beside the shards as tensors
     that `CheckpointStore.load` reads (`{"model": weights}`).
@@ -69,14 +71,16 @@ def save_sharded(
     rank = _rank(process_group)
     staging = Path(tempfile.mkdtemp(prefix=f"tp-dcp-{rank}-", dir=staging_root))
     try:
-        dcp.save(state_dict, storage_writer=dcp.FileSystemWriter(str(staging)), process_group=process_group)
+        # Not fsynced: these files are read back at once and deleted; the chunks made of them are durable.
+        writer = dcp.FileSystemWriter(str(staging), sync_files=False)
+        dcp.save(state_dict, storage_writer=writer, process_group=process_group)
         files = {str(p.relative_to(staging)): p for p in sorted(staging.rglob("*")) if p.is_file()}
         skeleton, blobs = None, []
         if weights is not None and rank == 0:
             skeleton, tensors = flatten_state({"model": weights})
             blobs = [tensor_blob(tensor) for tensor in tensors]
         try:
-            written = write_chunks(store.storage, files=files, skeleton=skeleton, blobs=blobs)
+            written = write_chunks(store.storage, files=files, skeleton=skeleton, blobs=blobs, pacer=pacer)
             digests = {ref.digest for ref in written.files.values() for ref in ref.chunks}
             digests |= {ref.digest for ref in written.tensors for ref in ref.chunks}
             digests |= {written.skeleton.digest} if written.skeleton else set()

@@ -32,6 +32,7 @@ from training_platform.checkpoints.layout import (
     step_of_manifest_key,
 )
 from training_platform.checkpoints.manifest import READABLE_FORMATS, CheckpointManifest, ChunkRef, parse_manifest
+from training_platform.checkpoints.pacing import Pacer
 from training_platform.checkpoints.removed import record_removal
 from training_platform.checkpoints.retention import (
     GcReport,
@@ -131,12 +132,14 @@ class CheckpointStore:
         *,
         weights: dict[str, Any] | None = None,
         stall_seconds: float = 0.0,
+        pacer: Pacer | None = None,
     ) -> tuple[CheckpointManifest, SaveStats]:
         """Checkpoint a directory's files (DCP shards, DeepSpeed output) as chunks; manifest last.
 
         `weights`: the full model weights, stored beside the files as tensors that `load` reads
         (`{"model": weights}`), for readers that must not parse the framework's files.
         `stall_seconds`: what writing the files cost the training loop, for the save's record.
+        `pacer`: the pace of a save in the background (pacing.py).
         """
         from training_platform.checkpoints.serialization import flatten_state, tensor_blob
 
@@ -155,6 +158,7 @@ class CheckpointStore:
             attributes=attributes,
             lease_settle_seconds=self.lease_settle_seconds,
             stall_seconds=stall_seconds,
+            pacer=pacer,
         )
         return self.located(manifest, "hot"), stats
 

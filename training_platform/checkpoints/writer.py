@@ -140,11 +140,15 @@ def write_chunks(
             "checkpoint can hold: keep large data in tensors or numpy arrays"
         )
     stats = SaveStats()
-    pacer = pacer or Pacer.unpaced()
+    pacer = pacer or Pacer()
     sink = _ChunkSink(storage, stats, pacer)
     started = time.monotonic()
     mapped: list[mmap.mmap] = []
     try:
+        file_views = {name: _map_file(Path(path), mapped) for name, path in sorted((files or {}).items())}
+        pacer.plan(
+            len(skeleton or b"") + sum(blob.data.nbytes for blob in blobs) + sum(v.nbytes for v in file_views.values())
+        )
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tp-ckpt-write") as pool:
             skeleton_future = pool.submit(sink.put, memoryview(skeleton)) if skeleton is not None else None
             tensor_plan = _plan_tensors(blobs)
@@ -157,8 +161,7 @@ def write_chunks(
 
             tensor_futures = [[submit(piece) for piece in pieces] for pieces, _ in tensor_plan]
             file_futures = {
-                name: [pool.submit(sink.put, piece) for piece in _pieces(_map_file(Path(path), mapped))]
-                for name, path in sorted((files or {}).items())
+                name: [pool.submit(sink.put, piece) for piece in _pieces(view)] for name, view in file_views.items()
             }
             written = WrittenChunks(
                 skeleton=skeleton_future.result() if skeleton_future else None,

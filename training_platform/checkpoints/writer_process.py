@@ -158,7 +158,6 @@ def _stage(
             Blob(data=buffer[offset : offset + size], dtype=dtype, shape=shape)
             for offset, size, dtype, shape in request["tensors"]
         ]
-        total = sum(size for _, size, _, _ in request["tensors"]) + len(request["skeleton"])
         staged = stage_checkpoint(
             store.storage,
             request["run_id"],
@@ -169,7 +168,7 @@ def _stage(
             metrics=request["metrics"],
             stall_seconds=request["stall_seconds"],
             lease_settle_seconds=store.lease_settle_seconds,
-            pacer=pace.pacer(request["number"], total, request.get("pace_seconds", 0.0)),
+            pacer=pace.pacer(request["number"], request.get("pace_seconds", 0.0)),
         )
     except Exception as exc:
         failure = {"ok": False, "error": _describe(exc)}

@@ -30,7 +30,8 @@ def test_the_first_save_is_unpaced_and_later_ones_take_half_the_gap_between_save
 
 
 def test_a_pacer_spreads_its_bytes_over_its_seconds_and_counts_only_work_as_busy():
-    pacer = Pacer(total_bytes=4_000, seconds=2.0)  # four turns of 1000 bytes: 0.5 s each
+    pacer = Pacer(seconds=2.0)
+    pacer.plan(4_000)  # four turns of 1000 bytes: 0.5 s each
     started = time.monotonic()
     turns = []
 
@@ -48,7 +49,8 @@ def test_a_pacer_spreads_its_bytes_over_its_seconds_and_counts_only_work_as_busy
 
 
 def test_hurry_releases_a_pacer_at_once():
-    pacer = Pacer(total_bytes=2, seconds=3600.0)
+    pacer = Pacer(seconds=3600.0)
+    pacer.plan(2)
 
     def take() -> None:
         with pacer.turn(1):
@@ -64,7 +66,7 @@ def test_hurry_releases_a_pacer_at_once():
 
 def test_write_chunks_reports_the_time_spent_waiting_for_its_pace(tmp_path):
     blobs = [Blob(data=memoryview(bytearray([i]) * (512 << 10)), dtype="uint8", shape=[512 << 10]) for i in range(4)]
-    written = write_chunks(LocalStorage(tmp_path), blobs=blobs, pacer=Pacer(4 * (512 << 10), 4.0))
+    written = write_chunks(LocalStorage(tmp_path), blobs=blobs, pacer=Pacer(4.0))
     # Turns at 0, 1, 2 and 3 s: at least 3 s, of which writing 2 MB is a small part.
     assert written.stats.paced_idle_seconds >= 1.5
     assert written.stats.bytes_written == 4 * (512 << 10)
@@ -75,7 +77,7 @@ def state(step: int) -> dict:
 
 
 def test_a_paced_save_waits_its_turn_until_the_trainer_waits_for_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(pacing, "PACE_FRACTION", 1e6)  # any gap between saves: the longest pace
+    monkeypatch.setattr(pacing, "PACE_FRACTION", 1e9)  # any gap between saves: the longest pace
     monkeypatch.setattr(pacing, "MAX_PACE_SECONDS", 3600.0)
     store = open_store(tmp_path / "store")
     with AsyncCheckpointer(store) as checkpointer:
@@ -99,7 +101,7 @@ import os, signal, sys
 import torch
 from training_platform.checkpoints import AsyncCheckpointer, open_store, pacing
 
-pacing.PACE_FRACTION, pacing.MAX_PACE_SECONDS = 1e6, 3600.0
+pacing.PACE_FRACTION, pacing.MAX_PACE_SECONDS = 1e9, 3600.0
 store = open_store(sys.argv[1])
 checkpointer = AsyncCheckpointer(store)
 checkpointer.save_async("r", 1, {f"layer{i}": torch.full((1 << 18,), 1.0 + i) for i in range(4)})

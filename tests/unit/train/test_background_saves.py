@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from training_platform.checkpoints import CheckpointManifest
+from training_platform.checkpoints import CheckpointManifest, pacing
 from training_platform.errors import CheckpointError
 from training_platform.train.strategies.background_save import BackgroundSaves
 from training_platform.train.strategies.ddp import DDPStrategy
@@ -40,7 +40,7 @@ def test_a_save_is_told_once_it_ended_with_the_loops_stall_and_polls_before_do_n
     saving, hooks = strategy()
     release = threading.Event()
 
-    def save() -> CheckpointManifest:
+    def save(pacer) -> CheckpointManifest:
         release.wait(30)
         return CheckpointManifest(run_id="r", step=10, kind="state")
 
@@ -58,7 +58,7 @@ def test_a_save_is_told_once_it_ended_with_the_loops_stall_and_polls_before_do_n
 def test_a_failed_save_is_reported_and_training_goes_on(error):
     saving, hooks = strategy()
 
-    def save() -> CheckpointManifest:
+    def save(pacer) -> CheckpointManifest:
         raise error
 
     saving.background.submit(20, save, stall_seconds=0.01)
@@ -69,7 +69,7 @@ def test_a_failed_save_is_reported_and_training_goes_on(error):
 def test_a_bug_in_a_background_save_fails_the_run_in_the_loops_thread():
     saving, _ = strategy()
 
-    def save() -> CheckpointManifest:
+    def save(pacer) -> CheckpointManifest:
         raise KeyError("model")
 
     saving.background.submit(30, save, stall_seconds=0.01)
@@ -80,9 +80,9 @@ def test_a_bug_in_a_background_save_fails_the_run_in_the_loops_thread():
 def test_one_save_in_flight_at_a_time():
     saving, _ = strategy()
     release = threading.Event()
-    saving.background.submit(10, lambda: release.wait(30), stall_seconds=0.0)
+    saving.background.submit(10, lambda pacer: release.wait(30), stall_seconds=0.0)
     with pytest.raises(AssertionError, match="before the next"):
-        saving.background.submit(20, lambda: None, stall_seconds=0.0)
+        saving.background.submit(20, lambda pacer: None, stall_seconds=0.0)
     release.set()
 
 
@@ -91,7 +91,7 @@ def test_a_save_runs_at_idle_priority_until_the_loop_waits_for_it():
     saving, hooks = strategy()
     seen, started = [], threading.Event()
 
-    def save() -> CheckpointManifest:
+    def save(pacer) -> CheckpointManifest:
         seen.append(os.sched_getscheduler(0))
         started.set()
         deadline = time.monotonic() + 30
@@ -104,3 +104,24 @@ def test_a_save_runs_at_idle_priority_until_the_loop_waits_for_it():
     assert started.wait(30)
     saving.flush()
     assert seen == [os.SCHED_IDLE, os.SCHED_OTHER] and hooks.saved == [(40, 0.0)]
+
+
+def test_the_loops_wait_hurries_a_paced_save(monkeypatch):
+    monkeypatch.setattr(pacing, "PACE_FRACTION", 1e9)  # any gap between saves: the longest pace
+    monkeypatch.setattr(pacing, "MAX_PACE_SECONDS", 3600.0)
+    saving, hooks = strategy()
+    saving.background.submit(10, lambda pacer: CheckpointManifest(run_id="r", step=10, kind="state"), 0.0)
+    saving.flush()
+    paces = []
+
+    def save(pacer) -> CheckpointManifest:
+        paces.append(pacer.seconds)
+        pacer.plan(2)
+        for _ in range(2):  # the second byte's turn is half an hour away
+            with pacer.turn(1):
+                pass
+        return CheckpointManifest(run_id="r", step=20, kind="state")
+
+    saving.background.submit(20, save, stall_seconds=0.0)
+    saving.flush()
+    assert paces == [3600.0] and [step for step, _ in hooks.saved] == [10, 20]

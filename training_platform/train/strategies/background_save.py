@@ -10,7 +10,8 @@ DeepSpeed: its engine writes every rank's files to a local staging directory (th
 thread stores them (hash, deduplicate, write, fsync, manifest last).
 
 One save is in flight at a time: a save that comes due while the previous one is still being written waits for
-it, and so do the run's last save and a preemption's before the run leaves.
+it, and so do the run's last save and a preemption's before the run leaves. A save's chunks are spread over half
+the time between saves (checkpoints/pacing.py) until the loop waits for it; the rest is then written at once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from training_platform.checkpoints import CheckpointManifest
+from training_platform.checkpoints.pacing import Pacer, SaveCadence
 
 
 @dataclass
@@ -45,6 +48,7 @@ class _InFlight:
     step: int
     stall_seconds: float
     future: Future
+    pacer: Pacer
 
 
 class BackgroundSaves:
@@ -59,19 +63,22 @@ class BackgroundSaves:
         self._in_flight: _InFlight | None = None
         self._priority = threading.Lock()
         self._waited_for = False
+        self._cadence = SaveCadence()
 
-    def submit(self, step: int, save: Callable[[], CheckpointManifest], stall_seconds: float) -> None:
-        """SAVE() in the background; STALL_SECONDS: what the loop waited for it (its copy of the state)."""
+    def submit(self, step: int, save: Callable[[Pacer], CheckpointManifest], stall_seconds: float) -> None:
+        """SAVE(pacer) in the background, its chunks at the pacer's pace; STALL_SECONDS: what the loop waited
+        for it (its copy of the state)."""
         assert self._in_flight is None, "collect the save in flight (finished(wait=True)) before the next"
+        pacer = Pacer(self._cadence.started(time.monotonic()))
 
         def idle_save() -> CheckpointManifest:
             with self._priority:
                 if not self._waited_for:  # else the loop waits for it already
                     _idle_priority()
-            return save()
+            return save(pacer)
 
         self._waited_for = False
-        self._in_flight = _InFlight(step, stall_seconds, self._pool.submit(idle_save))
+        self._in_flight = _InFlight(step, stall_seconds, self._pool.submit(idle_save), pacer)
 
     @property
     def in_flight(self) -> bool:
@@ -85,6 +92,7 @@ class BackgroundSaves:
             return None
         self._in_flight = None
         if not in_flight.future.done():
+            in_flight.pacer.hurry()
             with self._priority:
                 self._waited_for = True
                 _normal_priority()

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from training_platform.checkpoints import CheckpointManifest
+from training_platform.checkpoints.pacing import Pacer
 from training_platform.checkpoints.sharded import list_on_main, written_as
 from training_platform.checkpoints.store import nothing_restores
 from training_platform.errors import CheckpointError, SpecError
@@ -127,11 +128,12 @@ class DeepSpeedStrategy(Strategy):
             return
         attributes = {"format": FORMAT, "zero_stage": self.stage, "world_size": session.dist.world_size}
 
-        def store_files(stall_seconds: float = 0.0) -> CheckpointManifest:
+        def store_files(stall_seconds: float = 0.0, pacer: Pacer | None = None) -> CheckpointManifest:
             try:
                 files = {str(p.relative_to(staging)): p for p in sorted(staging.rglob("*")) if p.is_file()}
                 manifest, _ = session.hooks.store.save_files(
-                    session.run_id, step, files, metrics, attributes, weights=final_weights, stall_seconds=stall_seconds
+                    session.run_id, step, files, metrics, attributes,
+                    weights=final_weights, stall_seconds=stall_seconds, pacer=pacer,
                 )
                 return manifest
             finally:
@@ -139,7 +141,7 @@ class DeepSpeedStrategy(Strategy):
 
         if in_background:
             stall = time.monotonic() - started
-            self.background.submit(step, lambda: store_files(stall), stall)
+            self.background.submit(step, lambda pacer: store_files(stall, pacer), stall)
             return
         try:
             manifest = store_files()

@@ -82,7 +82,9 @@ class FSDPStrategy(Strategy):
         staged = self._staging.copy(state)
         stall = time.monotonic() - started
         self.background.submit(
-            step, lambda: save(staged, process_group=self._staging.group, stall_seconds=stall), stall
+            step,
+            lambda pacer: save(staged, process_group=self._staging.group, stall_seconds=stall, pacer=pacer),
+            stall,
         )
 
     def restore(self) -> int | None:
