@@ -43,9 +43,12 @@ def build_model(size_gb: float, hidden: int = HIDDEN) -> nn.Sequential:
     return nn.Sequential(*[nn.Linear(hidden, hidden) for _ in range(layers)])
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor) -> None:
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor, before_update=None) -> None:
+    """One step; `before_update` runs right before the optimizer changes the state (a copy of it may be in flight)."""
     loss = model(batch).float().pow(2).mean()
     loss.backward()
+    if before_update is not None:
+        before_update()
     optimizer.step()
     optimizer.zero_grad(set_to_none=False)
 
@@ -138,7 +141,9 @@ def our_restore(root: Path) -> float:
 def measure_async(model, optimizer, batch, store_root: Path, repeats: int, sync=lambda: None) -> dict[str, float]:
     """Stall of save_async, and step time while the background save runs versus without, training at a cadence:
     a save every SAVE_EVERY_STEPS steps, as a run saves (the writer spreads a save over half the time between
-    saves, training/checkpoints/pacing.py; a save still running when the next is due is waited for)."""
+    saves, training/checkpoints/pacing.py; a save still running when the next is due is waited for). The snapshot
+    is copied beside the next step's forward and backward, as the DDP strategy saves: the stall is save_async's
+    time plus the wait for the copy before the optimizer step."""
     store = open_store(store_root)
     stalls, during, without, background = [], [], [], []
     with AsyncCheckpointer(store) as checkpointer:
@@ -147,14 +152,12 @@ def measure_async(model, optimizer, batch, store_root: Path, repeats: int, sync=
             train_step(model, optimizer, batch)
         for save in range(CADENCE_SAVES + repeats):
             measured = save >= CADENCE_SAVES  # the first saves warm the writer and set the cadence
-            start = time.perf_counter()
-            checkpointer.save_async("bench", save, state_of(model, optimizer))
-            stall = time.perf_counter() - start
+            checkpointer.save_async("bench", save, state_of(model, optimizer), overlap=True)
             saved_at, finished_at = time.perf_counter(), None
             for _ in range(SAVE_EVERY_STEPS):
                 running = checkpointer.in_flight
                 start = time.perf_counter()
-                train_step(model, optimizer, batch)
+                train_step(model, optimizer, batch, before_update=checkpointer.ready)
                 sync()
                 seconds = time.perf_counter() - start
                 still_running = checkpointer.in_flight
@@ -167,7 +170,7 @@ def measure_async(model, optimizer, batch, store_root: Path, repeats: int, sync=
             result = checkpointer.wait()
             assert result.ok, result.error
             if measured:
-                stalls.append(stall)
+                stalls.append(result.stall_seconds)
                 background.append((finished_at or time.perf_counter()) - saved_at)
     return {
         "stall": statistics.median(stalls),

@@ -5,9 +5,10 @@ repeat (all ranks in step, times are the slowest rank's):
 
 - the baseline: `torch.distributed.checkpoint.save` to local disk, files fsynced (what a sharded save costs
   without the platform);
-- ours, as the FSDP strategy saves, every SAVE_EVERY_STEPS steps: the state's shard copied (the loop's stall),
-  then written through DCP and the store in the background (strategies/background_save.py, paced) while the
-  ranks train on;
+- ours, as the FSDP strategy saves, every SAVE_EVERY_STEPS steps: the state's shard copied while the next
+  forward and backward run (the loop's stall: starting the copy, and waiting for its end before the optimizer
+  step), then written through DCP and the store in the background (strategies/background_save.py, paced)
+  while the ranks train on;
 - step time while that save runs, against steps with none running.
 
 Rank 0 writes the medians as JSON to OUT.
@@ -87,16 +88,18 @@ def _worker(out: Path, workdir: Path, size_gb: float, repeats: int) -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     batch = torch.randn(8, HIDDEN)
 
+    store = open_store(workdir / "store")
+    staging, background = ShardStaging(), BackgroundSaves()
+
     def step() -> float:
         start = time.perf_counter()
-        train_step(model, optimizer, batch)
+        train_step(model, optimizer, batch, before_update=staging.ready)
         return time.perf_counter() - start
 
     for _ in range(3):  # warm up, and create Adam's moments
         step()
-    store = open_store(workdir / "store")
-    staging, background = ShardStaging(), BackgroundSaves()
     baseline, stalls, background_s, during, without = [], [], [], [], []
+    waits: dict[int, float] = {}  # each save's wait for its copy, before the optimizer step
     for rep in range(repeats):
         target = workdir / f"dcp-{rep}"
         dist.barrier()
@@ -111,15 +114,17 @@ def _worker(out: Path, workdir: Path, size_gb: float, repeats: int) -> None:
         measured = number >= CADENCE_SAVES  # the first saves warm up and set the cadence
         dist.barrier()
         start = time.perf_counter()
-        staged = staging.copy(_state(model, optimizer))
+        copy = staging.copy(_state(model, optimizer))
         stall = time.perf_counter() - start
-        background.submit(
-            number,
-            lambda pacer, staged=staged, number=number, stall=stall: save_sharded(
-                store, "bench", number + 1, staged, process_group=staging.group, stall_seconds=stall, pacer=pacer
-            ),
-            stall,
-        )
+
+        def save(pacer, copy=copy, number=number, stall=stall):
+            staged, waits[number] = staging.copied(copy)
+            return save_sharded(
+                store, "bench", number + 1, staged,
+                process_group=staging.group, stall_seconds=stall + waits[number], pacer=pacer,
+            )
+
+        background.submit(number, save, stall)
         saved_at, finished_at = time.perf_counter(), None
         # Every rank takes the same steps (each is a collective) and agrees whether a save runs on any rank.
         for _ in range(SAVE_EVERY_STEPS):
@@ -135,7 +140,7 @@ def _worker(out: Path, workdir: Path, size_gb: float, repeats: int) -> None:
         finished = background.finished(wait=True)
         assert finished is not None and finished.error is None, finished
         if measured:
-            stalls.append(_slowest(stall))
+            stalls.append(_slowest(stall + waits[number]))
             background_s.append(_slowest((finished_at or time.perf_counter()) - saved_at))
     if rank == 0:
         out.write_text(json.dumps({

@@ -9,7 +9,9 @@ save's chunks (publishing that one goes on meanwhile; it can take a lease settle
 so); under "skip" it is skipped while an earlier save is unfinished. A failed or killed
 background save is reported through `last_error` / `wait()`, not raised into the training
 loop; the next save starts a new writer when needed. The writer spreads a save over half the
-time between saves (pacing.py) unless something waits for it.
+time between saves (pacing.py) unless something waits for it. A loop that changes its state only
+in its optimizer step can have the copy made beside its next forward and backward (`overlap`,
+then `ready()` before the step), so it stalls only for what of the copy they did not cover.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Literal
@@ -94,7 +97,8 @@ class _StagingBuffer:
 
 
 class AsyncCheckpointer:
-    """Checkpoint a training state in the background; `save_async` returns after the snapshot.
+    """Checkpoint a training state in the background; `save_async` returns after the snapshot (with
+    `overlap`, once its copy has started).
 
     `priority` is the writer's CPU priority while the training loop runs: "idle" (SCHED_IDLE:
     it uses only CPU time the loop leaves unused, so steps do not slow down; the default),
@@ -139,6 +143,9 @@ class AsyncCheckpointer:
         self._writer_ready = False
         self._hurried = False
         """the writer was told that every save sent so far is waited for"""
+        self._copier: ThreadPoolExecutor | None = None
+        self._copying: tuple[Future, dict, float] | None = None
+        """an overlapped snapshot being copied: its copy, its request to the writer, the stall so far"""
 
     # ----- public API ------------------------------------------------------------------------
     def save_async(
@@ -150,8 +157,14 @@ class AsyncCheckpointer:
         *,
         retention: RetentionPolicy | None = None,
         keep_snapshot: bool = False,
+        overlap: bool = False,
     ) -> None:
         """Snapshot `state` into the staging buffer and hand it to the writer.
+
+        With `overlap`, the snapshot is copied in a thread while the caller goes on, and the caller
+        must call `ready()` before it changes any of the state's tensors (a training loop: before
+        its optimizer step; its next forward and backward only read them). The loop then stalls
+        only for what of the copy its forward and backward did not cover.
 
         With `retention`, the writer then removes the run's checkpoints the policy does not keep
         (pins kept), so retention's deletes stay off the caller's thread too. With
@@ -164,6 +177,7 @@ class AsyncCheckpointer:
         """
         started = time.perf_counter()
         pace_seconds = self._cadence.started(time.monotonic()) if self._cadence and not keep_snapshot else 0.0
+        self.ready()
         self._receive()
         if self.policy == "skip" and self._pending:
             log.info("checkpoint step %d skipped: step %d is still being written", step, self._pending[0][0].step)
@@ -174,11 +188,16 @@ class AsyncCheckpointer:
         skeleton, tensors = flatten_state(state, to_cpu=False)  # so is an unsupported type
         try:
             self._ensure_writer()
-            layout = self._snapshot(tensors)
+            layout = self._layout(tensors)
+            if overlap:
+                if self._copier is None:
+                    self._copier = ThreadPoolExecutor(1, thread_name_prefix="tp-ckpt-copy")
+                copy = self._copier.submit(self._copy, tensors, layout)
+            else:
+                self._copy(tensors, layout)
         except Exception as exc:
             self._record(SaveResult(run_id, step, error=f"snapshot failed: {exc}"))
             return
-        stall = time.perf_counter() - started
         request = {
             "op": "save",
             "staging": (os.getpid(), self._staging.fd, self._staging.size),
@@ -187,13 +206,34 @@ class AsyncCheckpointer:
             "skeleton": skeleton,
             "tensors": layout,
             "metrics": metrics or {},
-            "stall_seconds": stall,
             # Plain fields, not the object: the writer rebuilds (and re-validates) the policy.
             "retention": asdict(retention) if retention is not None else None,
             "keep_snapshot": keep_snapshot,
             "pace_seconds": pace_seconds,
         }
-        result = SaveResult(run_id, step, stall_seconds=stall)
+        if overlap:
+            self._copying = (copy, request, time.perf_counter() - started)
+            return
+        self._send(request, time.perf_counter() - started)
+
+    def ready(self) -> None:
+        """Before the caller changes a state it saved with `overlap`: wait for its copy, then hand the save to the
+        writer. Nothing to do otherwise."""
+        if self._copying is None:
+            return
+        copy, request, stall = self._copying
+        self._copying = None
+        started = time.perf_counter()
+        try:
+            copy.result()
+        except Exception as exc:
+            self._record(SaveResult(request["run_id"], request["step"], error=f"snapshot failed: {exc}"))
+            return
+        self._send(request, stall + time.perf_counter() - started)
+
+    def _send(self, request: dict, stall: float) -> None:
+        request["stall_seconds"] = stall
+        result = SaveResult(request["run_id"], request["step"], stall_seconds=stall)
         self._pending.append((result, time.monotonic()))
         self._snapshot_in_use = result
         try:
@@ -219,6 +259,7 @@ class AsyncCheckpointer:
 
     def reserve(self, state: Any) -> None:
         """Allocate the staging buffer for a state this size now, before training starts."""
+        self.ready()
         self._wait_for_staging()
         _, tensors = flatten_state(state, to_cpu=False)
         self._ensure_buffer(sum(_aligned(t.numel() * t.element_size()) for t in tensors))
@@ -230,13 +271,14 @@ class AsyncCheckpointer:
 
     def wait(self, timeout: float | None = None) -> SaveResult | None:
         """Block until every save in flight ends; returns the last save's result (None if none yet)."""
+        self.ready()
         self._receive(until=lambda: not self._pending, timeout=timeout)
         return self.results[-1] if self.results else None
 
     @property
     def in_flight(self) -> bool:
         self._receive()
-        return bool(self._pending)
+        return bool(self._pending) or self._copying is not None
 
     @property
     def last_error(self) -> str | None:
@@ -260,6 +302,9 @@ class AsyncCheckpointer:
             except (OSError, EOFError):
                 pass
         self._stop_writer()
+        if self._copier is not None:
+            self._copier.shutdown()
+            self._copier = None
         if self._staging is not None:
             self._staging.close()
             self._staging = None
@@ -271,24 +316,30 @@ class AsyncCheckpointer:
         self.close()
 
     # ----- snapshot ----------------------------------------------------------------------------
-    def _snapshot(self, tensors: list[torch.Tensor]) -> list[tuple[int, int, str, list[int]]]:
+    def _layout(self, tensors: list[torch.Tensor]) -> list[tuple[int, int, str, list[int]]]:
+        """Where each tensor goes in the staging buffer (grown to hold them all): (offset, size, dtype, shape)."""
         sizes = [t.numel() * t.element_size() for t in tensors]
         self._ensure_buffer(sum(_aligned(s) for s in sizes))
         layout, offset = [], 0
+        for tensor, size in zip(tensors, sizes, strict=True):
+            layout.append((offset, size, dtype_name(tensor.dtype), list(tensor.shape)))
+            offset += _aligned(size)
+        return layout
+
+    def _copy(self, tensors: list[torch.Tensor], layout: list[tuple[int, int, str, list[int]]]) -> None:
+        """Copy the tensors into the staging buffer (on a GPU: on this thread's stream, after the kernels that
+        wrote them)."""
         staging = self._staging.tensor
         on_gpu = any(t.is_cuda for t in tensors)
         if on_gpu:
             self._staging.pin()
-        for tensor, size in zip(tensors, sizes, strict=True):
+        for tensor, (offset, size, _, _) in zip(tensors, layout, strict=True):
             if size:
                 source = tensor.contiguous().reshape(-1).view(torch.uint8)
                 # Device-to-host copies into pinned memory run asynchronously; one sync below.
                 staging[offset : offset + size].copy_(source, non_blocking=tensor.is_cuda)
-            layout.append((offset, size, dtype_name(tensor.dtype), list(tensor.shape)))
-            offset += _aligned(size)
         if on_gpu:
             torch.cuda.synchronize()
-        return layout
 
     def _ensure_buffer(self, size: int) -> None:
         if self._staging is not None and self._staging.size >= size:

@@ -54,7 +54,11 @@ class RunCheckpointer:
         if self._saver is not None:
             self._saver.start_writer()
 
-    def save(self, step: int, state: Any, metrics: dict[str, float] | None, *, wait: bool) -> None:
+    def save(
+        self, step: int, state: Any, metrics: dict[str, float] | None, *, wait: bool, overlap: bool = False
+    ) -> None:
+        """`overlap`: a periodic save's copy runs beside the caller, which calls `ready()` before it changes the state
+        (AsyncCheckpointer.save_async)."""
         if self._saver is None:
             manifest, _ = self.store.save(self.key, step, state, metrics)
             self.store.apply_retention(self.key, self.retention)
@@ -63,8 +67,13 @@ class RunCheckpointer:
         if wait:
             self._saver.save(self.key, step, state, metrics, retention=self.retention)
         else:
-            self._saver.save_async(self.key, step, state, metrics, retention=self.retention)
+            self._saver.save_async(self.key, step, state, metrics, retention=self.retention, overlap=overlap)
         self._collect()
+
+    def ready(self) -> None:
+        """The caller is about to change the state it saved with `overlap`: its copy completes first."""
+        if self._saver is not None:
+            self._saver.ready()
 
     def poll(self) -> None:
         """Report the background saves that have finished, without waiting for any."""

@@ -61,6 +61,14 @@ class SessionHooks(Protocol):
     def flush(self) -> None:
         """Wait until every checkpoint in flight is durable (or reported failed)."""
 
+    def overlap_saves(self) -> None:
+        """The strategy calls `before_update` before each optimizer step, and its saved state changes only there
+        (a module's buffers, changed by forward, are its own copies): a periodic save's copy of the state then
+        runs beside the next forward and backward."""
+
+    def before_update(self) -> None:
+        """The loop is about to change its state (its optimizer step): a save's copy of it completes first."""
+
     def checkpoint_saved(self, manifest: CheckpointManifest, seconds: float = 0.0) -> None:
         """After a strategy's own collective save (sharded DCP, DeepSpeed, a framework's directory): retention,
         the save's cost, the run's events. Main rank only; others return."""

@@ -94,6 +94,7 @@ class TrainingSession:
     _model_logger: ModelLogger | None = None  # set by a framework adapter (hooks.log_model_with)
     _stopped_at: int | None = None  # the step after_step stopped the run at
     _ended: bool = False
+    _overlap_saves: bool = False  # a strategy copies saves beside its steps (hooks.overlap_saves)
     _exit_code: int = 0
     """What the worker exits with once the script returns: a run stopped for preemption exits as PREEMPTED."""
 
@@ -344,7 +345,9 @@ class TrainingSession:
             return
         self._last_model_state = state.get("model")  # a reference, for a pruned trial's weights hash
         with self._telemetry.clock.checkpoint():
-            self._checkpointer.save(step, {"user": state, "rng": rng_states, "step": step}, metrics, wait=wait)
+            self._checkpointer.save(
+                step, {"user": state, "rng": rng_states, "step": step}, metrics, wait=wait, overlap=self._overlap_saves
+            )
 
     @cached_property
     def _checkpointer(self) -> RunCheckpointer:
@@ -587,6 +590,13 @@ class _Hooks:
 
     def flush(self) -> None:
         self.session._flush()
+
+    def overlap_saves(self) -> None:
+        self.session._overlap_saves = True
+
+    def before_update(self) -> None:
+        if "_checkpointer" in self.session.__dict__:  # the main rank, once it has saved
+            self.session._checkpointer.ready()
 
     def take_signals(self) -> None:
         signal.signal(signal.SIGTERM, self.session._on_sigterm)

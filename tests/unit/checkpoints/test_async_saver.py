@@ -200,3 +200,33 @@ def test_a_trainer_killed_with_a_save_in_flight_takes_the_unpublished_save_with_
         time.sleep(0.1)
     assert [m.step for m in store.list("r")] == [1]  # step 2 was abandoned, step 1 is untouched
     assert store.storage.list("leases") == []  # and its lease does not hold chunks from GC for a day
+
+
+def test_an_overlapped_snapshot_is_copied_beside_the_caller_and_whole_once_ready(store):
+    live = state(1)
+    with AsyncCheckpointer(store) as checkpointer:
+        checkpointer.save_async("r", 1, live, overlap=True)
+        assert checkpointer.in_flight  # its copy, at least, is not done with
+        checkpointer.ready()  # the loop's optimizer step comes next
+        live["w"].fill_(99.0)
+        result = checkpointer.wait()
+        assert result.ok and result.step == 1 and result.stall_seconds > 0
+    assert torch.equal(store.restore_latest("r").state["w"], state(1)["w"])
+
+
+def test_an_overlapped_snapshot_not_yet_handed_over_is_saved_by_wait_and_close(store):
+    with AsyncCheckpointer(store) as checkpointer:
+        checkpointer.save_async("r", 1, state(1), overlap=True)
+        assert checkpointer.wait().ok
+        checkpointer.save_async("r", 2, state(2), overlap=True)  # the next save hands the one before over first
+    assert [m.step for m in store.list("r")] == [1, 2]
+
+
+def test_an_overlapped_copy_that_fails_is_reported_not_raised(store):
+    with AsyncCheckpointer(store) as checkpointer:
+        checkpointer.save_async("r", 1, {"w": torch.empty(3, device="meta")}, overlap=True)  # no data to copy
+        checkpointer.ready()
+        assert "snapshot failed" in checkpointer.last_error
+        checkpointer.save_async("r", 2, state(2), overlap=True)
+        assert checkpointer.wait().ok
+    assert [m.step for m in store.list("r")] == [2]

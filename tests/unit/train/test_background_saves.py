@@ -8,10 +8,12 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from training_platform.checkpoints import CheckpointManifest, pacing
 from training_platform.errors import CheckpointError
-from training_platform.train.strategies.background_save import BackgroundSaves
+from training_platform.train.strategies.background_save import BackgroundSaves, ShardStaging
+from training_platform.train.strategies.base import with_buffers_copied
 from training_platform.train.strategies.ddp import DDPStrategy
 
 
@@ -125,3 +127,32 @@ def test_the_loops_wait_hurries_a_paced_save(monkeypatch):
     saving.background.submit(20, save, stall_seconds=0.0)
     saving.flush()
     assert paces == [3600.0] and [step for step, _ in hooks.saved] == [10, 20]
+
+
+def test_a_shards_copy_runs_beside_the_loop_and_is_whole_once_the_loop_is_ready():
+    staging = ShardStaging()  # no process group here: one process
+    state = {"w": torch.arange(1 << 20, dtype=torch.float32), "step": 7}
+    copy = staging.copy(state)
+    staging.ready()  # the loop's optimizer step comes next
+    assert copy.done()
+    state["w"].add_(1.0)  # the step changes the state
+    staged, waited = staging.copied(copy)
+    assert torch.equal(staged["w"], torch.arange(1 << 20, dtype=torch.float32)) and staged["step"] == 7
+    assert waited >= 0.0
+    staging.ready()  # nothing in flight: nothing to wait for
+
+
+def test_a_failed_copy_fails_its_save_not_the_loop():
+    staging = ShardStaging()
+    copy = staging.copy({"w": torch.empty(3, device="meta")})  # no data to copy
+    staging.ready()  # does not raise: the save reports it
+    with pytest.raises(NotImplementedError, match="meta"):
+        staging.copied(copy)
+
+
+def test_a_save_beside_the_next_step_copies_the_buffers_forward_changes_at_once():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    state = with_buffers_copied(model, model.state_dict())
+    model(torch.randn(8, 4))  # a training forward updates the running statistics
+    assert not torch.equal(state["1.running_mean"], model[1].running_mean)  # the save keeps those it was given
+    assert state["0.weight"].data_ptr() == model[0].weight.data_ptr()  # parameters are copied beside the step

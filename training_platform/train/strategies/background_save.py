@@ -1,7 +1,9 @@
 """A strategy's periodic saves in the background: the loop waits only for what must be copied before it goes on.
 
-FSDP: every rank copies its shard of the state to the CPU (DCP's stager: DTensors stay DTensors) and returns to
-training; a thread then writes the copy through DCP and the store (`save_sharded`) on a process group of its own,
+FSDP: every rank copies its shard of the state to the CPU (DCP's stager: DTensors stay DTensors) in a thread while
+the loop goes on with its next forward and backward, which only read the state; the loop waits for the copy only
+before its optimizer changes the state (`ShardStaging.ready`). A thread then writes the copy through DCP and the
+store (`save_sharded`) on a process group of its own,
 so training's collectives never queue behind a save's, nor a save's behind training's. The checkpoint becomes
 visible only once every rank's shard is durable: rank 0 writes the manifest after the ranks agree, and a save
 that failed on one rank fails on all (save_sharded).
@@ -16,6 +18,7 @@ the time between saves (checkpoints/pacing.py) until the loop waits for it; the 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import threading
@@ -127,12 +130,36 @@ class ShardStaging:
         # gloo: a shard copied to the CPU travels on the CPU, whatever backend training uses.
         self.group = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
         # The copy goes to CPU buffers kept between saves (pinned on a GPU); the save that read them has ended
-        # before the next copy (one save in flight).
+        # before the next copy (one save in flight). On a GPU it is queued on the default stream, after the
+        # kernels that wrote the state and before the next step's.
         cuda = torch.cuda.is_available()
         self._stager = DefaultStager(StagingOptions(
             use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=cuda
         ))
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tp-shard-copy")
+        self._copy: Future | None = None
+        self._waiting_since: float | None = None
 
-    def copy(self, state: dict[str, Any]) -> dict[str, Any]:
-        return self._stager.stage(state)
+    def copy(self, state: dict[str, Any]) -> Future:
+        """Start copying the state to the CPU (read it with `copied`). The loop must call `ready()` before it
+        changes the state (its optimizer step); forward and backward only read it."""
+        self._waiting_since = None
+        self._copy = self._pool.submit(self._stage, state)
+        return self._copy
 
+    def _stage(self, state: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        return self._stager.stage(state), time.monotonic()
+
+    def ready(self) -> None:
+        """Wait for the copy in flight, if any (the loop is about to change the state). A copy that failed fails
+        its save, which reports it; the loop goes on."""
+        if self._copy is not None and not self._copy.done():
+            self._waiting_since = time.monotonic()
+            concurrent.futures.wait([self._copy])
+        self._copy = None
+
+    def copied(self, copy: Future) -> tuple[dict[str, Any], float]:
+        """The copied state (raises the copy's error), and how long the loop waited for it in `ready()`."""
+        state, finished_at = copy.result()
+        waiting_since = self._waiting_since
+        return state, max(0.0, finished_at - waiting_since) if waiting_since is not None else 0.0

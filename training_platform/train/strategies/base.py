@@ -19,6 +19,14 @@ OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 Weights = dict[str, torch.Tensor]
 
 
+def with_buffers_copied(module: nn.Module, model_state: dict[str, Any]) -> dict[str, Any]:
+    """The model's state with its buffers (a norm's running statistics, which forward changes) copied now, for a
+    save whose copy of the rest runs beside the next forward and backward (they change parameters only in the
+    optimizer step)."""
+    buffers = {name for name, _ in module.named_buffers()}
+    return {name: value.clone() if name in buffers else value for name, value in model_state.items()}
+
+
 class Strategy(ABC):
     """One way to spread a model over the process group.
 

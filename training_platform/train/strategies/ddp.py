@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from training_platform.train.strategies.base import OptimizerFactory, Strategy, Weights
+from training_platform.train.strategies.base import OptimizerFactory, Strategy, Weights, with_buffers_copied
 
 
 class DDPStrategy(Strategy):
@@ -23,6 +23,7 @@ class DDPStrategy(Strategy):
         self._wrapped = DistributedDataParallel(self.module) if self.session.dist.world_size > 1 else self.module
         if self.session.dist.is_main:  # saves go through the session's checkpointer: its writer starts now
             self.session.hooks.start_writer()
+        self.session.hooks.overlap_saves()  # step() lets a save's copy finish before the optimizer changes the state
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         return self._wrapped(*inputs)
@@ -30,11 +31,13 @@ class DDPStrategy(Strategy):
     def step(self, loss: torch.Tensor) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        self.session.hooks.before_update()
         self.optimizer.step()
 
     def save(self, step: int, metrics: dict[str, float], *, final_weights: Weights | None = None) -> None:
         # The state holds the full model already: `final_weights` adds nothing here.
-        state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+        model = with_buffers_copied(self.module, self.module.state_dict())
+        state = {"model": model, "optimizer": self.optimizer.state_dict()}
         self.session.save(state, step, metrics)
 
     def restore(self) -> int | None:

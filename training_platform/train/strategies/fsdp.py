@@ -4,7 +4,8 @@ states are sharded across ranks and gathered layer by layer for each forward and
 Checkpoints are sharded: each rank writes its own shard through torch.distributed.checkpoint
 into the checkpoint store (``checkpoints.sharded``), so no rank ever holds the whole model. With
 ``checkpoint.async_save`` (the default) a periodic save is written in the background
-(``background_save``): the loop waits only for the copy of each rank's shard.
+(``background_save``): each rank's shard is copied while the next forward and backward run, and
+the loop waits for the copy only before its optimizer step changes the state.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from training_platform.checkpoints import CheckpointManifest
+from training_platform.checkpoints.pacing import Pacer
 from training_platform.checkpoints.sharded import DCP_FORMAT, list_on_main, restore_latest_sharded, save_sharded
 from training_platform.train.rng_json import rng_states_from_json, rng_states_to_json
 from training_platform.train.strategies.background_save import BackgroundSaves, ShardStaging
-from training_platform.train.strategies.base import OptimizerFactory, Strategy, Weights
+from training_platform.train.strategies.base import OptimizerFactory, Strategy, Weights, with_buffers_copied
 
 FORMAT = DCP_FORMAT
 
@@ -39,6 +42,7 @@ def layers_of(model: nn.Module) -> list[nn.Module]:
 
 class FSDPStrategy(Strategy):
     name = "fsdp"
+    _staging: ShardStaging | None = None
 
     def setup(self, model: nn.Module, make_optimizer: OptimizerFactory) -> None:
         from torch.distributed.device_mesh import init_device_mesh
@@ -63,6 +67,8 @@ class FSDPStrategy(Strategy):
     def step(self, loss: torch.Tensor) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if self._staging is not None:
+            self._staging.ready()  # a save's copy of the state is complete before the state changes
         self.optimizer.step()
 
     def _state(self) -> dict:
@@ -79,13 +85,14 @@ class FSDPStrategy(Strategy):
             weights = final_weights if self.session.dist.is_main else None  # complete on rank 0 only
             self.record_saved(save(state, weights=weights), time.monotonic() - started)
             return
-        staged = self._staging.copy(state)
+        copy = self._staging.copy(state | {"model": with_buffers_copied(self.module, state["model"])})
         stall = time.monotonic() - started
-        self.background.submit(
-            step,
-            lambda pacer: save(staged, process_group=self._staging.group, stall_seconds=stall, pacer=pacer),
-            stall,
-        )
+
+        def save_copy(pacer: Pacer) -> CheckpointManifest:
+            staged, waited = self._staging.copied(copy)  # the loop's stall: this call and its wait in step()
+            return save(staged, process_group=self._staging.group, stall_seconds=stall + waited, pacer=pacer)
+
+        self.background.submit(step, save_copy, stall)
 
     def restore(self) -> int | None:
         session = self.session
