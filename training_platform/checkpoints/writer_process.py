@@ -168,7 +168,7 @@ def _stage(
             metrics=request["metrics"],
             stall_seconds=request["stall_seconds"],
             lease_settle_seconds=store.lease_settle_seconds,
-            pacer=pace.pacer(request["number"], request.get("pace_seconds", 0.0)),
+            pacer=pace.pacer(request["number"], request["pace_seconds"]),
         )
     except Exception as exc:
         failure = {"ok": False, "error": _describe(exc)}
