@@ -61,8 +61,9 @@ class Pacer:
         self._hurried = threading.Event()
 
     def plan(self, total_bytes: int) -> None:
-        """The save holds `total_bytes`: spread them over the pacer's seconds."""
-        if self.seconds > 0 and total_bytes > 0:
+        """The save holds `total_bytes`: spread them over the pacer's seconds. The first plan holds: a save
+        planned as a whole (save_sharded: its DCP files and its weights) is not planned again by one part."""
+        if self.seconds > 0 and total_bytes > 0 and self.rate == math.inf:
             self.rate = total_bytes / self.seconds
 
     @contextlib.contextmanager

@@ -1,11 +1,11 @@
 """Sharded checkpoints with torch.distributed.checkpoint (DCP) for DDP/FSDP state dicts.
 
-Every rank lets DCP write its own shard files to a local staging directory, then writes
-those files as content-addressed chunks through the store (in parallel on every rank).
-Rank 0 writes the manifest, listing every rank's files, only after all ranks' chunks are
-durable. Restore fetches and verifies the files into a staging directory and lets DCP load
-them, which reshards: a checkpoint written by N ranks loads on M ranks, or in one process
-without a process group, wherever DCP allows it.
+Every rank lets DCP write its own shard files, which go straight into content-addressed chunks
+of the store as DCP writes them (dcp_chunks.py; in parallel on every rank). Rank 0 writes the
+manifest, listing every rank's files, only after all ranks' chunks are durable. Restore fetches
+and verifies the files into a staging directory and lets DCP load them, which reshards: a
+checkpoint written by N ranks loads on M ranks, or in one process without a process group,
+wherever DCP allows it.
 """
 
 from __future__ import annotations
@@ -16,15 +16,25 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor
 
+from training_platform.checkpoints.dcp_chunks import ChunkedFiles
 from training_platform.checkpoints.dcp_safe import SafeFileSystemReader, SafeLoadPlanner
 from training_platform.checkpoints.manifest import CheckpointManifest, SaveRecord
 from training_platform.checkpoints.pacing import Pacer
 from training_platform.checkpoints.serialization import flatten_state, tensor_blob
 from training_platform.checkpoints.store import CheckpointStore, RunCheckpoints, nothing_restores
-from training_platform.checkpoints.writer import WrittenChunks, protect_reused, publish, write_chunks
+from training_platform.checkpoints.writer import (
+    ChunkSink,
+    SaveStats,
+    WrittenChunks,
+    protect_reused,
+    publish,
+    write_chunks,
+)
 from training_platform.errors import CheckpointError
 
 DCP_FORMAT = "torch.distributed.checkpoint"
@@ -55,7 +65,6 @@ def save_sharded(
     *,
     weights: dict[str, Any] | None = None,
     process_group=None,
-    staging_root: str | Path | None = None,
     stall_seconds: float | None = None,
     pacer: Pacer | None = None,
 ) -> CheckpointManifest:
@@ -69,46 +78,62 @@ def save_sharded(
     """
     started = time.monotonic()
     rank = _rank(process_group)
-    staging = Path(tempfile.mkdtemp(prefix=f"tp-dcp-{rank}-", dir=staging_root))
+    skeleton, blobs = None, []
+    if weights is not None and rank == 0:
+        skeleton, tensors = flatten_state({"model": weights})
+        blobs = [tensor_blob(tensor) for tensor in tensors]
+    stats, pacer = SaveStats(), pacer or Pacer()
+    pacer.plan(_local_bytes(state_dict) + sum(blob.data.nbytes for blob in blobs))
+    files = ChunkedFiles(ChunkSink(store.storage, stats, pacer))
     try:
-        # Not fsynced: these files are read back at once and deleted; the chunks made of them are durable.
-        writer = dcp.FileSystemWriter(str(staging), sync_files=False)
-        dcp.save(state_dict, storage_writer=writer, process_group=process_group)
-        files = {str(p.relative_to(staging)): p for p in sorted(staging.rglob("*")) if p.is_file()}
-        skeleton, blobs = None, []
-        if weights is not None and rank == 0:
-            skeleton, tensors = flatten_state({"model": weights})
-            blobs = [tensor_blob(tensor) for tensor in tensors]
-        try:
-            written = write_chunks(store.storage, files=files, skeleton=skeleton, blobs=blobs, pacer=pacer)
-            digests = {ref.digest for ref in written.files.values() for ref in ref.chunks}
-            digests |= {ref.digest for ref in written.tensors for ref in ref.chunks}
-            digests |= {written.skeleton.digest} if written.skeleton else set()
-            lease = protect_reused(store.storage, run_id, step, digests, written.stats, store.lease_settle_seconds)
-            part = {
-                "files": {name: ref.model_dump() for name, ref in written.files.items()},
-                "written": written.stats.bytes_written,
-                "deduplicated": written.stats.bytes_deduplicated,
-                "lease": lease,
-            }
-        except (CheckpointError, OSError) as exc:  # told to every rank: none waits for a part that will not come
-            part = {"error": f"rank {rank}: {exc}"}
-        parts = _gather(part, process_group)
-        if failed := [p["error"] for p in parts if "error" in p]:
-            raise CheckpointError(f"checkpoint step {step} was not written: {failed[0]}")
-        outcome: CheckpointManifest | str | None = None
-        if rank == 0:
-            try:
-                outcome = _publish_parts(store, run_id, step, parts, written, metrics, started, stall_seconds)
-            except (CheckpointError, OSError) as exc:  # told to every rank, which waits for the outcome
-                outcome = f"rank 0: {exc}"
-        # No rank returns before the checkpoint is visible: the caller may prune or exit next.
-        outcome = _broadcast(outcome, process_group)
-        if isinstance(outcome, str):
-            raise CheckpointError(f"checkpoint step {step} was not written: {outcome}")
-        return outcome
+        # A failure here (the store's, while DCP writes) is DCP's to tell every rank: dcp.save raises on all.
+        dcp.save(state_dict, storage_writer=files.writer(), process_group=process_group)
+    except dcp.CheckpointException as exc:
+        raise CheckpointError(f"checkpoint step {step} was not written: {_first_failure(exc)}") from exc
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        files.close()
+    try:
+        # Rank 0's weights, and (on every rank) the sync that makes the DCP files' chunks durable too.
+        written = write_chunks(store.storage, skeleton=skeleton, blobs=blobs, pacer=pacer, stats=stats)
+        digests = {ref.digest for ref in files.files.values() for ref in ref.chunks}
+        digests |= {ref.digest for ref in written.tensors for ref in ref.chunks}
+        digests |= {written.skeleton.digest} if written.skeleton else set()
+        lease = protect_reused(store.storage, run_id, step, digests, stats, store.lease_settle_seconds)
+        part = {
+            "files": {name: ref.model_dump() for name, ref in files.files.items()},
+            "written": stats.bytes_written,
+            "deduplicated": stats.bytes_deduplicated,
+            "lease": lease,
+        }
+    except (CheckpointError, OSError) as exc:  # told to every rank: none waits for a part that will not come
+        part = {"error": f"rank {rank}: {exc}"}
+    parts = _gather(part, process_group)
+    if failed := [p["error"] for p in parts if "error" in p]:
+        raise CheckpointError(f"checkpoint step {step} was not written: {failed[0]}")
+    outcome: CheckpointManifest | str | None = None
+    if rank == 0:
+        try:
+            outcome = _publish_parts(store, run_id, step, parts, written, metrics, started, stall_seconds)
+        except (CheckpointError, OSError) as exc:  # told to every rank, which waits for the outcome
+            outcome = f"rank 0: {exc}"
+    # No rank returns before the checkpoint is visible: the caller may prune or exit next.
+    outcome = _broadcast(outcome, process_group)
+    if isinstance(outcome, str):
+        raise CheckpointError(f"checkpoint step {step} was not written: {outcome}")
+    return outcome
+
+
+def _local_bytes(state: Any) -> int:
+    """The bytes of this rank's part of the state's tensors (a DTensor's local shard): what DCP writes here."""
+    if isinstance(state, DTensor):
+        return _local_bytes(state.to_local())
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(_local_bytes(value) for value in state.values())
+    if isinstance(state, list | tuple):
+        return sum(_local_bytes(value) for value in state)
+    return 0
 
 
 def _publish_parts(
@@ -213,10 +238,11 @@ def load_sharded(
 
 
 def _first_failure(exc: dcp.CheckpointException) -> str:
-    failures = [failure for failure, _ in exc.failures.values()]
-    ours = [failure for failure in failures if isinstance(failure, CheckpointError)]
-    first = (ours or failures)[0]
-    return str(first) if ours else f"{type(first).__name__}: {first}"
+    """The first rank's failure, ours (a CheckpointError, which names its problem) before any other."""
+    failures = [(rank, failure) for rank, (failure, _) in sorted(exc.failures.items())]
+    ours = [(rank, failure) for rank, failure in failures if isinstance(failure, CheckpointError)]
+    rank, first = (ours or failures)[0]
+    return f"rank {rank}: {first}" if ours else f"rank {rank}: {type(first).__name__}: {first}"
 
 
 def restore_latest_sharded(

@@ -81,7 +81,7 @@ class SaveStats:
     """chunks this save found already stored: digest -> its bytes (None once the snapshot is released)"""
 
 
-class _ChunkSink:
+class ChunkSink:
     """Hashes a piece, skips it when the store already has it, else writes it durably (at the pacer's pace)."""
 
     def __init__(self, storage: Storage, stats: SaveStats, pacer: Pacer):
@@ -113,6 +113,12 @@ class _ChunkSink:
                 self.stats.bytes_written += len(piece)
         return ChunkRef(digest=digest, size=len(piece))
 
+    def holds(self, ref: ChunkRef, piece: memoryview) -> bool:
+        """PIECE is kept for the save's re-check (its chunk was found stored: written again from it if a GC
+        takes that meanwhile), so its memory may not be reused yet."""
+        with self._lock:
+            return self.stats._reused.get(ref.digest) is piece
+
 
 @dataclass
 class WrittenChunks:
@@ -132,16 +138,18 @@ def write_chunks(
     files: dict[str, Path] | None = None,
     workers: int = WRITE_WORKERS,
     pacer: Pacer | None = None,
+    stats: SaveStats | None = None,
 ) -> WrittenChunks:
-    """Hash, deduplicate and durably write every chunk (in parallel, at `pacer`'s pace); no manifest yet."""
+    """Hash, deduplicate and durably write every chunk (in parallel, at `pacer`'s pace); no manifest yet.
+    `stats`: a save's figures so far, which this part adds to (save_sharded: its DCP files' chunks)."""
     if skeleton is not None and len(skeleton) > MAX_CHUNK_BYTES:  # one chunk, which readers bound
         raise CheckpointError(
             f"the state's non-tensor part takes {len(skeleton)} bytes, more than the {MAX_CHUNK_BYTES} a "
             "checkpoint can hold: keep large data in tensors or numpy arrays"
         )
-    stats = SaveStats()
+    stats = stats if stats is not None else SaveStats()
     pacer = pacer or Pacer()
-    sink = _ChunkSink(storage, stats, pacer)
+    sink = ChunkSink(storage, stats, pacer)
     started = time.monotonic()
     mapped: list[mmap.mmap] = []
     try:
