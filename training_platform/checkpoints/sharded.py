@@ -2,18 +2,15 @@
 
 Every rank lets DCP write its own shard files, which go straight into content-addressed chunks
 of the store as DCP writes them (dcp_chunks.py; in parallel on every rank). Rank 0 writes the
-manifest, listing every rank's files, only after all ranks' chunks are durable. Restore fetches
-and verifies the files into a staging directory and lets DCP load them, which reshards: a
-checkpoint written by N ranks loads on M ranks, or in one process without a process group,
+manifest, listing every rank's files, only after all ranks' chunks are durable. Restore lets DCP
+read the files from their chunks, each fetched and verified as DCP comes to it, which reshards:
+a checkpoint written by N ranks loads on M ranks, or in one process without a process group,
 wherever DCP allows it.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,10 +18,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
-from training_platform.checkpoints.dcp_chunks import ChunkedFiles
+from training_platform.checkpoints.dcp_chunks import ChunkedFiles, StoredFiles
 from training_platform.checkpoints.dcp_safe import SafeFileSystemReader, SafeLoadPlanner
 from training_platform.checkpoints.manifest import CheckpointManifest, SaveRecord
 from training_platform.checkpoints.pacing import Pacer
+from training_platform.checkpoints.reader import ChunkReader
 from training_platform.checkpoints.serialization import flatten_state, tensor_blob
 from training_platform.checkpoints.store import CheckpointStore, RunCheckpoints, nothing_restores
 from training_platform.checkpoints.writer import (
@@ -212,29 +210,27 @@ def load_sharded(
     state_dict: dict[str, Any],
     *,
     process_group=None,
-    staging_root: str | Path | None = None,
 ) -> None:
-    """Collective: load `manifest` into `state_dict` in place, resharding to this group's layout."""
-    staging = Path(tempfile.mkdtemp(prefix=f"tp-dcp-restore-{_rank(process_group)}-", dir=staging_root))
+    """Collective: load `manifest` into `state_dict` in place, resharding to this group's layout. Every rank
+    reads, and verifies, only the chunks that hold its part (dcp_chunks.StoredFiles)."""
+    files = StoredFiles(ChunkReader(store.tiers_for(manifest)), manifest.files)
+    reader = files.storage_reader(SafeFileSystemReader)
     try:
         error = None
         try:
-            store.restore_files(manifest, staging)
+            store.check_manifest(manifest)
+            reader.read_metadata()  # refused here, alike on every rank, before DCP's collectives
         except (CheckpointError, OSError) as exc:
             error = str(exc)
         errors = [e for e in _gather(error, process_group) if e]
         if errors:  # every rank agrees, so all of them fall back together
             raise CheckpointError(errors[0])
-        reader = SafeFileSystemReader(str(staging))
         try:
-            reader.read_metadata()  # refused here, alike on every rank (each has every file), before DCP's collectives
             dcp.load(state_dict, storage_reader=reader, planner=SafeLoadPlanner(), process_group=process_group)
-        except CheckpointError as exc:
-            raise CheckpointError(f"checkpoint {manifest.uri}: {exc}") from None
         except dcp.CheckpointException as exc:  # raised on every rank, with each rank's failure
             raise CheckpointError(f"checkpoint {manifest.uri} does not load: {_first_failure(exc)}") from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        files.close()
 
 
 def _first_failure(exc: dcp.CheckpointException) -> str:
