@@ -54,9 +54,13 @@ class Pacer:
         self.rate = math.inf
         self.busy_seconds = 0.0
         """wall time during which at least one thread was working (not waiting for its turn)"""
+        self.idle_seconds = 0.0
+        """wall time during which a thread waited for its turn and none worked: the save only kept its pace"""
         self._next: float | None = None
         self._active = 0
+        self._waiting = 0
         self._busy_since = 0.0
+        self._idle_since = 0.0
         self._lock = threading.Lock()
         self._hurried = threading.Event()
 
@@ -69,24 +73,41 @@ class Pacer:
     @contextlib.contextmanager
     def turn(self, nbytes: int) -> Iterator[None]:
         """Wait until `nbytes` more may be written (at once when unpaced or hurried), then work."""
+        waits = False
         if self.rate != math.inf and not self._hurried.is_set():
             with self._lock:
                 now = time.monotonic()
                 start = now if self._next is None else max(self._next, now)
                 self._next = start + nbytes / self.rate
-            if start > now:
+                waits = start > now
+                if waits:
+                    self._count(waiting=+1)
+            if waits:
                 self._hurried.wait(start - now)
         with self._lock:
+            if waits:
+                self._count(waiting=-1)
             if not self._active:
                 self._busy_since = time.monotonic()
-            self._active += 1
+            self._count(active=+1)
         try:
             yield
         finally:
             with self._lock:
-                self._active -= 1
+                self._count(active=-1)
                 if not self._active:
                     self.busy_seconds += time.monotonic() - self._busy_since
+
+    def _count(self, *, waiting: int = 0, active: int = 0) -> None:
+        """Under the lock: threads start or stop waiting or working; the save idles while some wait and none work."""
+        idle = self._waiting > 0 and self._active == 0
+        self._waiting += waiting
+        self._active += active
+        now_idle = self._waiting > 0 and self._active == 0
+        if now_idle and not idle:
+            self._idle_since = time.monotonic()
+        elif idle and not now_idle:
+            self.idle_seconds += time.monotonic() - self._idle_since
 
     def hurry(self) -> None:
         """Someone waits for this save: write the rest at full speed."""

@@ -31,6 +31,7 @@ from training_platform.checkpoints.writer import (
     WrittenChunks,
     protect_reused,
     publish,
+    settle_seconds,
     write_chunks,
 )
 from training_platform.errors import CheckpointError
@@ -97,6 +98,8 @@ def save_sharded(
         digests |= {ref.digest for ref in written.tensors for ref in ref.chunks}
         digests |= {written.skeleton.digest} if written.skeleton else set()
         lease = protect_reused(store.storage, run_id, step, digests, stats, store.lease_settle_seconds)
+        # Waiting, not work: the lease's settle and the pace (`every_steps: auto` reads the save's cost).
+        waited = pacer.idle_seconds + (settle_seconds(store.lease_settle_seconds) if lease else 0.0)
         part = {
             "files": {name: ref.model_dump() for name, ref in files.files.items()},
             "written": stats.bytes_written,
@@ -111,7 +114,7 @@ def save_sharded(
     outcome: CheckpointManifest | str | None = None
     if rank == 0:
         try:
-            outcome = _publish_parts(store, run_id, step, parts, written, metrics, started, stall_seconds)
+            outcome = _publish_parts(store, run_id, step, parts, written, metrics, started, stall_seconds, waited)
         except (CheckpointError, OSError) as exc:  # told to every rank, which waits for the outcome
             outcome = f"rank 0: {exc}"
     # No rank returns before the checkpoint is visible: the caller may prune or exit next.
@@ -143,8 +146,10 @@ def _publish_parts(
     metrics: dict[str, float] | None,
     started: float,
     stall_seconds: float | None,
+    waited: float,
 ) -> CheckpointManifest:
-    """Rank 0: the manifest listing every rank's files (and rank 0's weights), written last."""
+    """Rank 0: the manifest listing every rank's files (and rank 0's weights), written last. `waited`: seconds of
+    the save that were no work (its pace, its lease's settle), left out of a background save's cost."""
     merged = {}
     for part in parts:
         for name, ref in part["files"].items():
@@ -167,7 +172,7 @@ def _publish_parts(
                 bytes_written=sum(p["written"] for p in parts),
                 bytes_deduplicated=sum(p["deduplicated"] for p in parts),
                 stall_seconds=elapsed if stall_seconds is None else stall_seconds,
-                background_seconds=0.0 if stall_seconds is None else elapsed,
+                background_seconds=0.0 if stall_seconds is None else max(0.0, elapsed - waited),
             ),
         ),
         store.signer,

@@ -4,6 +4,8 @@ only the chunks holding what it loads, straight from the store."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -134,3 +136,13 @@ def test_a_damaged_chunk_fails_the_restore_that_needs_it_and_only_that_one(tmp_p
     with pytest.raises(CheckpointError, match=rf"does not load: rank 0: chunk .*{last.digest} does not match"):
         load_sharded(store, manifest, {"layer11": torch.zeros(10_011)})  # the last
     assert (tmp_path / "store" / "quarantine").is_dir()
+
+
+def test_a_paced_sharded_save_counts_its_work_not_its_pace(tmp_path):
+    store = open_store(tmp_path / "store")
+    started = time.monotonic()
+    manifest = save_sharded(store, "r", 1, state(1), stall_seconds=0.01, pacer=Pacer(seconds=3.0))
+    took = time.monotonic() - started
+    assert took >= 2.0  # its pieces were spread over the pace
+    # `every_steps: auto` reads this as the save's cost: a paced save would otherwise look as slow as its pace.
+    assert manifest.save.stall_seconds == 0.01 and manifest.save.background_seconds < took / 2

@@ -46,6 +46,24 @@ def test_a_pacer_spreads_its_bytes_over_its_seconds_and_counts_only_work_as_busy
         thread.join(timeout=60)
     assert len(turns) == 4 and max(turns) >= 1.5  # the fourth turn starts 3 x 0.5 s after the first
     assert pacer.busy_seconds < 1.0  # the turns did nothing: the waits are not work
+    # ... the save only kept its pace from the first turn to the last (threads waited, none worked).
+    assert max(turns) - 0.2 <= pacer.idle_seconds <= time.monotonic() - started
+
+
+def test_a_pacer_idles_only_while_nothing_works():
+    pacer = Pacer(seconds=1.0)
+    pacer.plan(2_000)  # two turns of 1000 bytes, 0.5 s apart
+    def second() -> None:
+        with pacer.turn(1_000):
+            pass
+
+    with pacer.turn(1_000):
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        time.sleep(0.8)  # working: the second turn waits meanwhile, and that is not idle
+    waiter.join(timeout=60)
+    assert pacer.idle_seconds < 0.3 and pacer.busy_seconds >= 0.8
+    assert Pacer().idle_seconds == 0.0
 
 
 def test_hurry_releases_a_pacer_at_once():
