@@ -108,6 +108,42 @@ def test_a_sigkilled_job_takes_what_the_standby_forked_with_it(warm):
     assert not alive
 
 
+DIES_AT_HAND_OVER = """
+import json, os, pathlib, socket, sys
+from training_platform.launch import standby
+run_dir = pathlib.Path(sys.argv[1])
+connection = socket.socket(socket.AF_UNIX)
+connection.connect(standby.address(run_dir))
+request = {"role": "agent", "argv": json.loads(sys.argv[2]), "env": dict(os.environ), "cwd": str(run_dir)}
+standby._send(connection, request, fds=[0, 1, 2])
+os._exit(0)  # gone before the standby answers, as an agent SIGKILLed at the hand-over
+"""
+
+
+def test_an_agent_killed_at_the_hand_over_leaves_nothing_of_its_job(warm):
+    run_dir, _, env, _ = warm
+    log = run_dir / standby.LOG_FILE
+    before = log.read_text().count("forked agent")
+    argv = ["--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--rdzv-id=probe",
+            "-m", "agent_probe", "--wait"]
+    env = {**env, standby.STANDBY_ENV: "1", "PROBE_DIR": str(run_dir)}
+    subprocess.run([sys.executable, "-c", DIES_AT_HAND_OVER, str(run_dir), json.dumps(argv)], env=env, check=True,
+                   timeout=60)
+    wait_until(lambda: log.read_text().count("forked agent") > before, what="the standby forked the agent")
+    forked = int(log.read_text().rsplit("forked agent ", 1)[1].split()[0])
+
+    def group_gone() -> bool:
+        try:
+            os.killpg(forked, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    # Nothing of the job lives on: the agent it forked, nor any rank that agent might have started.
+    wait_until(group_gone, 10, "the agent forked for a requester that was gone")
+    assert not any((run_dir / f"rank{r}.json").exists() for r in (0, 1))
+
+
 AS_ANOTHER_USER = """
 import contextlib, pathlib, socket, sys
 from training_platform.launch import standby
