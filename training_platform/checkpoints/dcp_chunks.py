@@ -38,7 +38,31 @@ from training_platform.checkpoints.writer import CHUNK_BYTES, WRITE_WORKERS, Chu
 from training_platform.errors import CheckpointError
 
 
-class ChunkedFiles(FileSystemBase):
+class _NamedFiles(FileSystemBase):
+    """DCP's filesystem interface over `files`, a checkpoint's files by name (no directories: DCP's path is "")."""
+
+    files: dict[str, FileRef]
+    _pool: ThreadPoolExecutor
+
+    def close(self) -> None:
+        """Once DCP is done (its files are finished or read): stops the threads, dropping chunks read ahead."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def concat_path(self, path: str | os.PathLike, suffix: str) -> str:
+        return f"{path}/{suffix}" if str(path) else suffix
+
+    def init_path(self, path: str | os.PathLike) -> str:
+        return str(path)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return False  # never chosen by DCP for a checkpoint id: save_sharded and load_sharded hand it over
+
+    def exists(self, path: str | os.PathLike) -> bool:
+        return str(path) in self.files
+
+
+class ChunkedFiles(_NamedFiles):
     """DCP's files as chunks of the store, by name (`files`, once DCP has closed them). One save's worth: make
     a new one per save, and `close` it after (waits for nothing: every file was finished as DCP closed it)."""
 
@@ -56,9 +80,6 @@ class ChunkedFiles(FileSystemBase):
         writer.path = ""
         return writer
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
         if mode != "wb":
@@ -71,24 +92,11 @@ class ChunkedFiles(FileSystemBase):
             raise
         self.files[str(path)] = stream.finish()
 
-    def concat_path(self, path: str | os.PathLike, suffix: str) -> str:
-        return f"{path}/{suffix}" if str(path) else suffix
-
-    def init_path(self, path: str | os.PathLike) -> str:
-        return str(path)
-
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
         self.files[str(new_path)] = self.files.pop(str(path))
 
     def mkdir(self, path: str | os.PathLike) -> None:
         pass  # names only
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        return False  # never chosen by DCP for a checkpoint id: save_sharded hands it over itself
-
-    def exists(self, path: str | os.PathLike) -> bool:
-        return str(path) in self.files
 
     def rm_file(self, path: str | os.PathLike) -> None:
         del self.files[str(path)]
@@ -199,7 +207,7 @@ class _ChunkStream(io.RawIOBase):
             piece.cancel()
 
 
-class StoredFiles(FileSystemBase):
+class StoredFiles(_NamedFiles):
     """A checkpoint's DCP files, read from the store's chunks as DCP reads them (read-only)."""
 
     # Chunks fetched ahead of the one DCP reads, in parallel (reading and verifying one chunk at a time left the
@@ -219,9 +227,6 @@ class StoredFiles(FileSystemBase):
         reader.path = ""
         return reader
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
         if mode != "rb":
@@ -231,24 +236,11 @@ class StoredFiles(FileSystemBase):
             raise CheckpointError(f"the checkpoint has no DCP file {path} (it lists {', '.join(sorted(self.files))})")
         yield _StoredFile(self, ref)
 
-    def concat_path(self, path: str | os.PathLike, suffix: str) -> str:
-        return f"{path}/{suffix}" if str(path) else suffix
-
-    def init_path(self, path: str | os.PathLike) -> str:
-        return str(path)
-
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
         raise CheckpointError("a checkpoint's files are read-only")
 
     def mkdir(self, path: str | os.PathLike) -> None:
         raise CheckpointError("a checkpoint's files are read-only")
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        return False  # never chosen by DCP for a checkpoint id: load_sharded hands it over itself
-
-    def exists(self, path: str | os.PathLike) -> bool:
-        return str(path) in self.files
 
     def rm_file(self, path: str | os.PathLike) -> None:
         raise CheckpointError("a checkpoint's files are read-only")
