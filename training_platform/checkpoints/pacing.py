@@ -85,29 +85,29 @@ class Pacer:
             if waits:
                 self._hurried.wait(start - now)
         with self._lock:
-            if waits:
-                self._count(waiting=-1)
-            if not self._active:
-                self._busy_since = time.monotonic()
-            self._count(active=+1)
+            self._count(waiting=-1 if waits else 0, active=+1)
         try:
             yield
         finally:
             with self._lock:
                 self._count(active=-1)
-                if not self._active:
-                    self.busy_seconds += time.monotonic() - self._busy_since
 
     def _count(self, *, waiting: int = 0, active: int = 0) -> None:
-        """Under the lock: threads start or stop waiting or working; the save idles while some wait and none work."""
-        idle = self._waiting > 0 and self._active == 0
+        """Under the lock: threads start or stop waiting or working. The save is busy while one works, and idles
+        while some wait and none works."""
+        busy, idle = self._active > 0, self._waiting > 0 and self._active == 0
         self._waiting += waiting
         self._active += active
+        now = time.monotonic()
+        if self._active > 0 and not busy:
+            self._busy_since = now
+        elif busy and self._active == 0:
+            self.busy_seconds += now - self._busy_since
         now_idle = self._waiting > 0 and self._active == 0
         if now_idle and not idle:
-            self._idle_since = time.monotonic()
+            self._idle_since = now
         elif idle and not now_idle:
-            self.idle_seconds += time.monotonic() - self._idle_since
+            self.idle_seconds += now - self._idle_since
 
     def hurry(self) -> None:
         """Someone waits for this save: write the rest at full speed."""
