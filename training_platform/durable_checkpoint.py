@@ -11,7 +11,8 @@ first: Kueue preempts lower priorities first, and a Job that saved within the la
 its priority class's `-checkpointed` twin, one below it (deploy/kubernetes/kueue/priority-classes.yaml), until
 that save grows old. Kueue keeps the priority-class label mutable for this. Slurm cannot be steered so: its
 preemption plugins order the jobs they may preempt by partition tier and size (preempt/partition_prio) or QoS
-(preempt/qos), never by a job's own priority or nice (checked on Slurm 22.05, and in today's source).
+(preempt/qos), never by a job's own priority or nice (checked on Slurm 22.05, and in today's source); there the
+launcher reads these comments and chooses the victims itself (launch/slurm_preemption.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,19 @@ class DurableCheckpoint:
     def slurm_comment(self) -> str:
         # One word: `scontrol show job -o` prints Key=Value pairs split at spaces.
         return f"{SLURM_COMMENT_PREFIX}:step={self.step};saved_at={self.saved_at_iso}"
+
+    @classmethod
+    def from_slurm_comment(cls, comment: str) -> DurableCheckpoint | None:
+        """The checkpoint a job's comment names (slurm_comment's inverse); None for any other comment."""
+        prefix = SLURM_COMMENT_PREFIX + ":"
+        if not comment.startswith(prefix):
+            return None
+        fields = dict(item.partition("=")[::2] for item in comment.removeprefix(prefix).split(";"))
+        try:
+            saved_at = datetime.strptime(fields.get("saved_at", ""), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+            return cls(step=int(fields.get("step", "")), saved_at=saved_at.timestamp())
+        except ValueError:
+            return None  # someone else's comment that happens to start so
 
     def priority_class(self, current: str, now: float) -> str:
         """The Kueue priority class for a Job whose class is `current` (its own, or its `-checkpointed` twin)."""

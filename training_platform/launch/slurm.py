@@ -14,6 +14,8 @@ Measured on Slurm 22.05 (tests/integration/launch/).
 
 from __future__ import annotations
 
+import logging
+import re
 import shlex
 import time
 from dataclasses import replace
@@ -36,9 +38,22 @@ from training_platform.launch.base import (
 )
 from training_platform.launch.job_env import job_environment
 from training_platform.launch.rendezvous import NODES
-from training_platform.launch.slurm_cluster import ClusterInfo, SlurmCommands, parse_scontrol_record
+from training_platform.launch.slurm_cluster import ClusterInfo, SlurmCommands, parse_records, parse_scontrol_record
 from training_platform.launch.slurm_nodes import last_attempt_log, nodes_lost_in, unresponsive_nodes
+from training_platform.launch.slurm_preemption import (
+    Need,
+    RunningJob,
+    choose_victims,
+    node_rooms,
+    partition_tiers,
+    running_jobs,
+)
 from training_platform.spec import TrainSpec
+
+log = logging.getLogger(__name__)
+# Beyond the victims' grace time: for their batch scripts to requeue them and Slurm to free their nodes.
+PREEMPTION_MARGIN_S = 30
+ROOM_POLL_S = 0.5
 
 
 class SlurmConfig(BaseModel):
@@ -64,6 +79,11 @@ class SlurmConfig(BaseModel):
     worker_module: str = Field("training_platform.train", description="module torchrun starts on each rank")
     slurm_conf: str | None = Field(None, description="SLURM_CONF for the client commands; default: theirs")
     check_cluster: bool = Field(True, description="check partition, nodes and GPUs with scontrol before sbatch")
+    checkpoint_aware_preemption: bool = Field(
+        True,
+        description="before a job that does not fit, preempt the platform's spot runs that lose least "
+        "(launch/slurm_preemption.py); false: Slurm picks (the oldest first)",
+    )
     command_timeout_s: float = Field(30.0, gt=0, description="timeout of each Slurm client command")
 
     def partition_for(self, spec: TrainSpec) -> str:
@@ -134,7 +154,11 @@ class SlurmLauncher:
         # script, so no secret the caller passes in RunRequest.env is ever written to disk; sbatch is
         # given the allow-listed environment, not the orchestrator's (launch/job_env.py).
         env = {**job_environment(), **plan.env}
-        result = self.commands.run(plan.command, env=env, check=False, inherit=False)
+        victims, hold_s = self._victims(plan) if self.config.checkpoint_aware_preemption else ([], 0)
+        command = plan.command
+        if victims:  # held back until its room is free; the hold runs out by itself if this process dies
+            command = [*plan.command[:-1], f"--begin=now+{hold_s}", plan.command[-1]]
+        result = self.commands.run(command, env=env, check=False, inherit=False)
         if result.returncode != 0:
             raise LaunchError(
                 f"sbatch refused run {plan.run_id} (exit {result.returncode}):\n{result.stderr.strip()}\n"
@@ -145,7 +169,78 @@ class SlurmLauncher:
         if not job_id.isdigit():
             raise LaunchError(f"sbatch answered {result.stdout.strip()!r}, not a job id; see its stderr above")
         self._logs[job_id] = plan.workdir / f"slurm-{job_id}.out"
-        return JobHandle(backend=self.name, job_id=job_id, run_id=plan.run_id)
+        handle = JobHandle(backend=self.name, job_id=job_id, run_id=plan.run_id)
+        if victims:
+            self._make_room(handle, victims, hold_s)
+        return handle
+
+    # -- checkpoint-aware preemption (slurm_preemption.py) -------------------------------------
+
+    def _victims(self, plan: LaunchPlan) -> tuple[list[RunningJob], int]:
+        """The platform's runs to preempt so that `plan` starts, losing least, and how long to hold `plan` back
+        for them (their partition's grace time and a margin to requeue); none when it fits, when Slurm does not
+        preempt by partition tier here, or when the cluster cannot be read (Slurm decides then)."""
+        res = plan.resources
+        need = Need(
+            partition=str(res["partition"]),
+            nodes=int(res["nodes"]),  # type: ignore[call-overload]
+            cpus_per_node=int(res["cpus_per_node"]),  # type: ignore[call-overload]
+            gpus_per_node=int(res["gpus_per_node"]),  # type: ignore[call-overload]
+            gres_type=res.get("gres_type"),  # type: ignore[arg-type]
+        )
+        config = self.commands.run(["scontrol", "show", "config"], check=False)
+        if not re.search(r"^PreemptType\s*=\s*preempt/partition_prio\s*$", config.stdout, re.MULTILINE):
+            return [], 0
+        partitions = self.commands.run(["scontrol", "show", "partition", "-o"], check=False)
+        tiers = partition_tiers(parse_records(partitions.stdout))
+        target = tiers.get(need.partition)
+        if target is None or not any(p.preemptable and p.tier < target.tier for p in tiers.values()):
+            return [], 0  # a spot run, or a partition that preempts nobody: nothing to choose
+        # -d: a node's GresUsed (the GPUs its jobs hold).
+        nodes = self.commands.run(["scontrol", "show", "node", "-d", "-o"], check=False)
+        jobs = self.commands.run(["scontrol", "show", "job", "-o"], check=False)
+        if nodes.returncode != 0 or jobs.returncode != 0:
+            return [], 0
+        victims = choose_victims(
+            need,
+            node_rooms(parse_records(nodes.stdout), need.gres_type),
+            running_jobs(parse_records(jobs.stdout), self._hostnames),
+            tiers,
+            time.time(),
+        )
+        grace = max((tiers[v.partition].grace_time_s for v in victims), default=0)
+        return victims, grace + PREEMPTION_MARGIN_S
+
+    def _make_room(self, handle: JobHandle, victims: list[RunningJob], hold_s: int) -> None:
+        """Signal the victims as a time limit would (each batch script forwards SIGTERM to its workers, which
+        checkpoint, and requeues itself), then start `handle` as soon as they have left."""
+        for victim in victims:
+            lost = victim.lost_seconds(time.time())
+            log.info(
+                "Slurm job %s (run %s) needs room: preempting job %s, which loses %.0f s of work",
+                handle.job_id,
+                handle.run_id,
+                victim.job_id,
+                lost,
+            )
+            self.commands.run(["scancel", "--batch", "--signal=TERM", victim.job_id], check=False)
+        ids = ",".join(v.job_id for v in victims)
+        deadline = time.monotonic() + hold_s
+        while time.monotonic() < deadline:
+            left = self.commands.run(
+                ["squeue", "-h", "-j", ids, "-t", "RUNNING,COMPLETING,CONFIGURING", "-o", "%i"], check=False
+            )
+            if left.returncode == 0 and not left.stdout.strip():
+                self.commands.run(["scontrol", "update", f"JobId={handle.job_id}", "StartTime=now"], check=False)
+                return
+            time.sleep(ROOM_POLL_S)
+
+    def _hostnames(self, nodelist: str) -> list[str]:
+        if not nodelist or nodelist == "(null)":
+            return []
+        if "[" not in nodelist and "," not in nodelist:
+            return [nodelist]
+        return self.commands.run(["scontrol", "show", "hostnames", nodelist], check=False).stdout.split()
 
     def status(self, handle: JobHandle) -> JobStatus:
         result = self.commands.run(["scontrol", "show", "job", "-o", handle.job_id], check=False)
@@ -313,11 +408,13 @@ def render_sbatch(
         'echo "tp: job $SLURM_JOB_ID attempt $((${SLURM_RESTART_COUNT:-0} + 1)) on $SLURM_JOB_NODELIST,'
         ' rendezvous $head_node at $head_addr:$rdzv_port"',
         f"rm -f {PREEMPTED_MARKER}  # left by an earlier attempt; this one writes its own",
-        "# Before the time limit Slurm signals only this shell (--signal=B:TERM@grace): forward it to",
-        "# the step so each worker writes an emergency checkpoint.",
+        "# Before the time limit Slurm signals only this shell (--signal=B:TERM@grace), and so does the",
+        "# platform making room for an on-demand run (scancel --batch): forward it to the step's tasks so",
+        "# each worker writes an emergency checkpoint. Through slurmctld, not to srun: srun answers SIGTERM",
+        "# by killing the step (SIGKILL), and no checkpoint is written.",
         "term_received=0",
         'trap \'term_received=1; echo "tp: SIGTERM, stopping workers for an emergency checkpoint";'
-        ' kill -TERM "$step" 2>/dev/null\' TERM',
+        ' scancel --signal=TERM "$SLURM_JOB_ID"\' TERM',
         "srun --kill-on-bad-exit=1 --ntasks-per-node=1 " + " ".join(torchrun) + " &",
         "step=$!",
         "# wait returns early when the trap runs: wait until the step itself has exited.",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from training_platform.durable_checkpoint import DurableCheckpoint
 from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import JobHandle, JobState, JobStatus, RunRequest
 from training_platform.launch.slurm import SlurmConfig, SlurmLauncher
@@ -106,6 +107,33 @@ def test_spot_job_preempted_by_ondemand_job_is_checkpointed_and_requeued(tmp_pat
     final = _wait(launcher, spot_handle, lambda s: s.state.finished, 60)[-1]
     assert final.state is JobState.CANCELLED
     assert final.restarts >= 1
+
+
+def test_the_spot_run_that_checkpointed_last_makes_room_for_an_ondemand_run(tmp_path, launcher):
+    """Slurm alone preempts the oldest of equal spot jobs; the platform preempts the one that loses least."""
+    stale = _request(tmp_path, "stale", seconds=600, procs_per_node=1, gpus_per_node=2, spot=True)
+    stale_handle = launcher.submit(launcher.plan(stale))
+    _wait_for_file("started-rank0-attempt1", stale.run_dir)
+    fresh = _request(tmp_path, "fresh", seconds=600, procs_per_node=1, gpus_per_node=2, spot=True)
+    fresh_handle = launcher.submit(launcher.plan(fresh))
+    _wait_for_file("started-rank0-attempt1", fresh.run_dir)
+    # The node is full (both CPUs, all four GPUs). The older run saved an hour ago, the younger a moment ago.
+    launcher.publish_checkpoint(stale_handle, DurableCheckpoint(100, time.time() - 3600))
+    launcher.publish_checkpoint(fresh_handle, DurableCheckpoint(100, time.time() - 2))
+
+    urgent = _request(tmp_path, "urgent", seconds=1, procs_per_node=1, gpus_per_node=2, spot=False)
+    urgent_handle = launcher.submit(launcher.plan(urgent))
+
+    _wait(launcher, fresh_handle, lambda s: s.restarts >= 1, 90)
+    assert (fresh.run_dir / "sigterm-rank0-attempt1").exists()  # it checkpointed in its grace time
+    assert _wait(launcher, urgent_handle, lambda s: s.state.finished)[-1].state is JobState.SUCCEEDED
+    kept = launcher.status(stale_handle)
+    assert (kept.state, kept.restarts) == (JobState.RUNNING, 0), kept
+    assert not list(stale.run_dir.glob("sigterm-*"))
+
+    for handle in (stale_handle, fresh_handle):
+        launcher.cancel(handle)
+        assert _wait(launcher, handle, lambda s: s.state.finished, 60)[-1].state is JobState.CANCELLED
 
 
 def test_unknown_partition_is_refused_before_submission(tmp_path, launcher):
