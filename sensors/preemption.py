@@ -2,8 +2,9 @@
 
 It also charges attempts that closed without the training asset settling them (cost/charges.py).
 
-Each tick it asks the run's launcher for the job's state, records new preemptions as observations
-on the run's `training_run` partition (when, engine, steps lost, seconds to resume), and, where the
+Each tick it asks the run's launcher for the job's state, records new interruptions (preemptions, kills
+without notice, lost nodes, time limits) as observations on the run's `training_run` partition (when,
+engine, steps lost, seconds to resume), and, where the
 job is gone, requests a resume run of the same partition (which restores the newest checkpoint).
 Where the engine requeued the job itself (Slurm --requeue, Kueue), it only follows it.
 """
@@ -26,12 +27,18 @@ from training_platform.launch.base import keeps_preempted_jobs
 from training_platform.paths import PlatformHome
 from training_platform.preemption import PreemptionSummary, Recovery, deadline_risk, decide, progress_of, summarize
 from training_platform.requeue import follow_requeued
-from training_platform.runlog import RunEvents
+from training_platform.runlog import NODE_FAILURE, TIME_LIMIT, RunEvents
 from training_platform.runs import load_run_spec
 from training_platform.submission import RESUME_TAG
 from training_platform.sweeps.trial import TrialContext
 
 FINAL_STATES = {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value}
+EVENT_LABELS = {  # an interruption's kind (preemption.Interruption) as its observation names it
+    "preempted": "preemption",
+    "killed": "killed without notice",
+    NODE_FAILURE: "node failure",
+    TIME_LIMIT: "time limit",
+}
 
 
 def latest_job(events: list[dict]) -> tuple[JobHandle | None, str | None]:
@@ -55,7 +62,7 @@ def observation(run_id: str, backend: str, interruption) -> dg.AssetObservation:
         asset_key="training_run",
         partition=run_id,
         metadata={
-            "event": "preemption" if interruption.kind == "preempted" else "killed without notice",
+            "event": EVENT_LABELS.get(interruption.kind, interruption.kind),
             "engine": backend,
             "at": dg.MetadataValue.timestamp(interruption.at),
             "step_reached": interruption.step_reached,

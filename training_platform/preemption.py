@@ -13,17 +13,20 @@ from pathlib import Path
 from typing import Any
 
 from training_platform.launch.base import JobState, JobStatus
-from training_platform.runlog import NODE_FAILURE
+from training_platform.runlog import NODE_FAILURE, TIME_LIMIT
 from training_platform.spec import TrainSpec
 from training_platform.telemetry.records import read_telemetry
 
 
 @dataclass(frozen=True)
 class Interruption:
-    """One attempt that ended without finishing: a preemption (SIGTERM) or a kill without notice."""
+    """One attempt that ended without finishing: a preemption (SIGTERM), a kill without notice, a lost node or the
+    scheduler's time limit."""
 
     at: float
-    kind: str  # "preempted" (checkpoint written on notice), "node_failure" (a node was lost) or "killed" (no notice)
+    # "preempted" (checkpoint written on notice), "killed" (no notice), "node_failure" (a node was lost) or
+    # "time_limit" (stopped with a checkpoint at the Slurm time limit, and requeued)
+    kind: str
     step_reached: int
     resumed_step: int | None
     recovery_seconds: float | None
@@ -33,15 +36,32 @@ class Interruption:
         return None if self.resumed_step is None else max(0, self.step_reached - self.resumed_step)
 
 
+# Interruptions that are not the capacity provider taking capacity back: they count toward neither
+# `fallback_to_ondemand_after` nor `max_preemptions`, nor the deadline's expected preemptions.
+NOT_PREEMPTIONS = (NODE_FAILURE, TIME_LIMIT)
+
+
 @dataclass
 class PreemptionSummary:
     interruptions: list[Interruption] = field(default_factory=list)
     attempts: int = 0
     finished: bool = False
+    ended: str | None = None  # how the latest attempt ended, while no later one has started
 
     @property
     def preemptions(self) -> int:
-        return len(self.interruptions)
+        return sum(1 for i in self.interruptions if i.kind not in NOT_PREEMPTIONS)
+
+    @property
+    def other_interruptions(self) -> int:
+        """Interruptions that are not preemptions, the latest attempt's end included before the next starts."""
+        closed = sum(1 for i in self.interruptions if i.kind in NOT_PREEMPTIONS)
+        return closed + (self.ended in NOT_PREEMPTIONS)
+
+    def preemptions_with(self, status: JobStatus) -> int:
+        """Preemptions by the event log and the launcher together. A launcher without accounting (Slurm) counts
+        every requeue; the ones the log tells were not preemptions are taken off."""
+        return max(self.preemptions, status.preemptions - self.other_interruptions)
 
     @property
     def lost_steps(self) -> int:
@@ -72,7 +92,7 @@ def summarize(events: list[dict[str, Any]]) -> PreemptionSummary:
         kind = event["kind"]
         if kind == "started":
             summary.attempts += 1
-            if summary.attempts > 1 and (ended is None or ended["kind"] in ("preempted", NODE_FAILURE)):
+            if summary.attempts > 1 and (ended is None or ended["kind"] in ("preempted", *NOT_PREEMPTIONS)):
                 at = (ended.get("signal_at") or ended["at"]) if ended else event["at"]
                 pending = {"at": at, "kind": ended["kind"] if ended else "killed", "step_reached": step_reached}
             ended = None
@@ -96,11 +116,14 @@ def summarize(events: list[dict[str, Any]]) -> PreemptionSummary:
             ended = event
         elif kind == NODE_FAILURE and ended is None:  # the first sign of the loss dates it
             ended = event
+        elif kind == TIME_LIMIT and (ended is None or ended["kind"] == "preempted"):
+            ended = {**(ended or event), "kind": TIME_LIMIT}  # the worker's stop was the time limit's SIGTERM
         elif kind == "finished":
             summary.finished = True
             ended = event
     if pending is not None:
         summary.interruptions.append(Interruption(pending["at"], pending["kind"], pending["step_reached"], None, None))
+    summary.ended = ended["kind"] if ended is not None and ended["kind"] != "finished" else None
     return summary
 
 
@@ -144,9 +167,9 @@ def progress_of(run_dir: Path, events: list[dict[str, Any]], now: float) -> Prog
 def deadline_risk(spec: TrainSpec, progress: Progress | None, summary: PreemptionSummary, now: datetime) -> str | None:
     """Why the run will miss `cost.deadline` at this pace, or None.
 
-    The time it needs is the remaining steps at the measured rate plus what preemptions are expected
+    The time it needs is the remaining steps at the measured rate plus what interruptions are expected
     to cost: as many more as it has had per hour so far, each losing its mean recovery time and the
-    steps it threw away.
+    steps it threw away. Every kind counts here (a time limit or a lost node delays it as a preemption does).
     """
     deadline = spec.cost.deadline
     if deadline is None or progress is None or not progress.steps_per_second:
@@ -154,12 +177,13 @@ def deadline_risk(spec: TrainSpec, progress: Progress | None, summary: Preemptio
     rate = progress.steps_per_second
     remaining_s = max(spec.training.max_steps - progress.step, 0) / rate
     expected_loss_s = 0.0
-    if summary.preemptions and progress.elapsed_s > 0:
+    interruptions = len(summary.interruptions)
+    if interruptions and progress.elapsed_s > 0:
         recoveries = summary.recovery_seconds
         loss_each = (sum(recoveries) / len(recoveries) if recoveries else 0.0) + (
-            summary.lost_steps / summary.preemptions / rate
+            summary.lost_steps / interruptions / rate
         )
-        expected_loss_s = summary.preemptions / progress.elapsed_s * remaining_s * loss_each
+        expected_loss_s = interruptions / progress.elapsed_s * remaining_s * loss_each
     left_s = (deadline - now).total_seconds()
     if remaining_s + expected_loss_s <= left_s:
         return None
@@ -198,7 +222,7 @@ def decide(
     Failures that are not preemptions are never retried here (see the run-status sensor).
     """
     policy = spec.preemption
-    count = max(summary.preemptions, status.preemptions)
+    count = summary.preemptions_with(status)
     if status.state in (JobState.REQUEUED, JobState.PENDING, JobState.RUNNING) or (
         status.state == JobState.PREEMPTED and engine_keeps_job
     ):

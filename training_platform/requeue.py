@@ -50,7 +50,7 @@ def fall_back_if_due(
         return None
     summary = summarize(history)
     risk = deadline_risk(spec, progress_of(run_dir, history, time.time()), summary, datetime.now(UTC))
-    reason = fallback_reason(spec, max(status.preemptions, summary.preemptions), risk)
+    reason = fallback_reason(spec, summary.preemptions_with(status), risk)
     if reason is None:
         return None
     done = launcher.move_to_on_demand(handle, spec)

@@ -15,6 +15,7 @@ from typing import Any
 EVENTS_FILE = "events.jsonl"
 MOVED_TO_ON_DEMAND = "moved_to_on_demand"  # a requeued spot job moved to on-demand (requeue.py); priced so after
 NODE_FAILURE = "node_failure"  # a node of the job stopped answering: this attempt's ranks there are lost
+TIME_LIMIT = "time_limit"  # the scheduler's wall time limit stopped this attempt (the batch script writes it)
 
 
 class RunEvents:

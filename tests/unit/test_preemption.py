@@ -1,7 +1,7 @@
 """Preemption accounting from a run's event log, and the recovery policy."""
 
 from training_platform.launch import JobState, JobStatus
-from training_platform.preemption import Recovery, decide, summarize
+from training_platform.preemption import Interruption, Recovery, decide, summarize
 from training_platform.spec import parse_spec
 
 
@@ -83,3 +83,46 @@ def test_policy_falls_back_to_on_demand_then_gives_up():
     give_up = decide(spec, JobStatus(JobState.PREEMPTED), _summary(4))
     assert give_up.action == Recovery.GIVE_UP
     assert "max_preemptions" in give_up.reason
+
+
+def test_a_time_limit_stop_or_a_lost_node_is_an_interruption_but_no_preemption():
+    """A run requeued at its Slurm time limit (the batch script writes time_limit after the worker's stop) or
+    after a lost node was not taken back by the spot market: neither counts toward the spot fallback."""
+    time_limit = [
+        ev("started", 0), ev("first_step", 1), ev("checkpoint", 2, step=50),
+        ev("preempted", 7, step=53, signal_at=6.5), ev("time_limit", 8, job_id="7"),
+        ev("started", 9), ev("resumed", 10, step=53), ev("first_step", 11.5),
+    ]
+    summary = summarize(time_limit)
+    (interruption,) = summary.interruptions
+    assert (interruption.kind, interruption.lost_steps, interruption.recovery_seconds) == ("time_limit", 0, 5.0)
+    assert summary.preemptions == 0 and summary.other_interruptions == 1
+    # Slurm (no accounting) counts every requeue as a preemption; the log takes the time limit off.
+    assert summary.preemptions_with(JobStatus(JobState.RUNNING, preemptions=1, restarts=1)) == 0
+
+    lost_node = [ev("started", 0), ev("node_failure", 5, nodes=["n1"]), ev("started", 60), ev("first_step", 62)]
+    assert summarize(lost_node).preemptions == 0
+    both = [*time_limit, ev("preempted", 20, step=60), ev("started", 21), ev("first_step", 22)]
+    assert summarize(both).preemptions == 1
+    assert summarize(both).preemptions_with(JobStatus(JobState.RUNNING, preemptions=2, restarts=2)) == 1
+
+
+def test_a_job_waiting_after_its_time_limit_is_not_counted_as_preempted():
+    """Between the requeue and the next attempt's start the log's last attempt ended at the time limit."""
+    waiting = summarize([ev("started", 0), ev("preempted", 7, step=53), ev("time_limit", 8)])
+    assert waiting.ended == "time_limit" and waiting.interruptions == []
+    requeued = JobStatus(JobState.REQUEUED, preemptions=1, restarts=1)
+    assert waiting.preemptions_with(requeued) == 0
+    spec = _spec(fallback_to_ondemand_after=1, max_preemptions=1)
+    assert decide(spec, JobStatus(JobState.PREEMPTED, preemptions=1), waiting).action == Recovery.RESUME
+    preempted = summarize([ev("started", 0), ev("preempted", 7, step=53)])
+    assert preempted.ended == "preempted" and preempted.preemptions_with(requeued) == 1
+
+
+def test_each_kind_of_interruption_is_observed_by_its_own_name():
+    from sensors.preemption import observation
+
+    for kind, label in [("preempted", "preemption"), ("killed", "killed without notice"),
+                        ("node_failure", "node failure"), ("time_limit", "time limit")]:
+        interruption = Interruption(at=1.0, kind=kind, step_reached=10, resumed_step=8, recovery_seconds=3.0)
+        assert observation("run-1", "slurm", interruption).metadata["event"].value == label

@@ -115,3 +115,21 @@ def test_a_job_not_due_or_not_waiting_is_only_released(tmp_path):
     assert follow_requeued(launcher, HANDLE, spec, tmp_path, running) == []
     assert follow_requeued(launcher, HANDLE, _spec(spot=False), tmp_path, requeued) == ["released"]
     assert launcher.calls == ["release", "release"]
+
+
+def test_a_job_requeued_at_its_time_limit_stays_on_spot(tmp_path):
+    """Slurm counts the time limit's requeue as a restart; the run's log says it was no preemption."""
+    launcher = RecordingLauncher()
+    events = RunEvents(tmp_path)
+    events.append("started")
+    events.append("preempted", step=40)
+    requeued = JobStatus(JobState.REQUEUED, "", preemptions=1, restarts=1)
+    spec = _spec(fallback_to_ondemand_after=1)
+    assert follow_requeued(launcher, HANDLE, spec, tmp_path, requeued)[0].startswith("1 preemptions on spot")
+
+    launcher, other = RecordingLauncher(), tmp_path / "time-limit"
+    other.mkdir()
+    for kind, fields in (("started", {}), ("preempted", {"step": 40}), ("time_limit", {"job_id": "42"})):
+        RunEvents(other).append(kind, **fields)
+    assert follow_requeued(launcher, HANDLE, spec, other, requeued) == ["released"]
+    assert launcher.calls == ["release"]

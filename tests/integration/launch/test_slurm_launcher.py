@@ -17,6 +17,8 @@ from training_platform.durable_checkpoint import DurableCheckpoint
 from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import JobHandle, JobState, JobStatus, RunRequest
 from training_platform.launch.slurm import SlurmConfig, SlurmLauncher
+from training_platform.preemption import summarize
+from training_platform.runlog import RunEvents
 from training_platform.spec import parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -24,14 +26,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240
 PROBE_DIR = Path(__file__).parent
 
 
-def _request(tmp_path: Path, run_id: str, seconds: float = 0, **resources) -> RunRequest:
+def _request(
+    tmp_path: Path, run_id: str, seconds: float = 0, grace: int = 10, slurm: dict | None = None, **resources
+) -> RunRequest:
     spec = parse_spec(
         {
             "name": "probe",
             "team": "ml",
             "owner": "tests",
             "resources": resources,
-            "checkpoint": {"grace_period_seconds": 10},
+            "checkpoint": {"grace_period_seconds": grace},
+            "slurm": slurm or {},
         }
     )
     run_dir = tmp_path / run_id
@@ -134,6 +139,22 @@ def test_the_spot_run_that_checkpointed_last_makes_room_for_an_ondemand_run(tmp_
     for handle in (stale_handle, fresh_handle):
         launcher.cancel(handle)
         assert _wait(launcher, handle, lambda s: s.state.finished, 60)[-1].state is JobState.CANCELLED
+
+
+def test_a_run_stopped_at_its_time_limit_checkpoints_and_is_requeued_but_not_as_a_preemption(tmp_path, launcher):
+    """Slurm signals the batch shell `grace` seconds before the limit (--signal=B:TERM@grace): the workers get
+    SIGTERM and checkpoint (srun, signalled itself, killed them), and the run's log says it was the time limit."""
+    request = _request(tmp_path, "limit", seconds=600, grace=50, slurm={"time_limit": "1"}, procs_per_node=1)
+    handle = launcher.submit(launcher.plan(request))
+
+    status = _wait(launcher, handle, lambda s: s.restarts >= 1, 120)[-1]
+
+    assert (request.run_dir / "sigterm-rank0-attempt1").exists()  # the emergency checkpoint's turn
+    assert "tp: SIGTERM (time_limit)" in launcher.logs(handle)
+    summary = summarize(RunEvents(request.run_dir).read())
+    assert status.preemptions >= 1 and summary.preemptions_with(status) == 0, (status, summary)
+    launcher.cancel(handle)
+    assert _wait(launcher, handle, lambda s: s.state.finished, 60)[-1].state is JobState.CANCELLED
 
 
 def test_unknown_partition_is_refused_before_submission(tmp_path, launcher):
