@@ -37,7 +37,7 @@ class Interruption:
 
 
 # Interruptions that are not the capacity provider taking capacity back: they count toward neither
-# `fallback_to_ondemand_after` nor `max_preemptions`, nor the deadline's expected preemptions.
+# `fallback_to_ondemand_after` nor `max_preemptions` (the deadline's estimate counts every kind).
 NOT_PREEMPTIONS = (NODE_FAILURE, TIME_LIMIT)
 
 

@@ -6,8 +6,11 @@ How SIGTERM reaches the workers, and what happens next:
   exit. Slurm does not requeue a job that ends inside its grace time (it reads FAILED), so the
   batch script, seeing `PreemptTime` set, requeues the job itself with `scontrol requeue`.
 - time limit (`--signal=B:TERM@grace`): only the batch shell is signalled; it forwards SIGTERM
-  to srun (which forwards it to the tasks) and, once the workers have checkpointed, requeues the
-  job, so a long run continues in a fresh allocation.
+  to the step's tasks through slurmctld (`scancel --signal=TERM`; srun, signalled itself, kills
+  them) and, once the workers have checkpointed, records the time limit in the run's event log
+  and requeues the job, so a long run continues in a fresh allocation.
+- the platform making room for a run that outranks it (slurm_preemption.py): as a time limit,
+  through `scancel --batch --signal=TERM`, and recorded as a preemption.
 - `scancel`: the job reads COMPLETING, the script does not requeue it.
 Measured on Slurm 22.05 (tests/integration/launch/).
 """
@@ -237,6 +240,9 @@ class SlurmLauncher:
                 self.commands.run(["scontrol", "update", f"JobId={handle.job_id}", "StartTime=now"], check=False)
                 return
             time.sleep(ROOM_POLL_S)
+        log.warning(
+            "Slurm job %s: jobs %s still run after %d s; it starts as Slurm schedules it", handle.job_id, ids, hold_s
+        )
 
     def _hostnames(self, nodelist: str) -> list[str]:
         if not nodelist or nodelist == "(null)":
