@@ -34,6 +34,22 @@ class RunEvents:
     def read(self) -> list[dict[str, Any]]:
         return self.read_from(0)[0]
 
+    def last_kind(self, tail_bytes: int = 4096) -> str | None:
+        """The kind of the newest whole event, from the log's tail alone (launchers ask on every poll)."""
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(max(0, os.fstat(handle.fileno()).st_size - tail_bytes))
+                lines = handle.read().splitlines(keepends=True)
+        except FileNotFoundError:
+            return None
+        for line in reversed(lines):
+            if line.endswith(b"\n"):
+                try:
+                    return json.loads(line).get("kind")
+                except (json.JSONDecodeError, AttributeError):
+                    continue  # a torn line, or the tail's cut first line
+        return None
+
     def read_from(self, offset: int) -> tuple[list[dict[str, Any]], int]:
         """The events after byte OFFSET, and the offset to read on from (a line still being written is
         left for then)."""

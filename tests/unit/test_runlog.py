@@ -22,3 +22,16 @@ def test_reading_on_from_an_offset_leaves_a_half_written_line_for_later(tmp_path
     assert [(e["kind"], e.get("step")) for e in later] == [("progress", 10), ("checkpoint", 10)]
     assert end == events.path.stat().st_size
     assert [e["kind"] for e in events.read()] == ["started", "first_step", "progress", "checkpoint"]
+
+
+def test_the_newest_kind_is_read_from_the_tail_alone(tmp_path):
+    events = RunEvents(tmp_path)
+    assert events.last_kind() is None  # no log yet
+    events.append("started")
+    for step in range(200):
+        events.append("progress", step=step, note="x" * 40)
+    events.append("time_limit", job_id="7")
+    assert events.last_kind(tail_bytes=256) == "time_limit"  # the tail's cut first line is skipped
+    with open(events.path, "ab") as handle:
+        handle.write(b'{"kind": "progress", "st')  # a writer mid-line
+    assert events.last_kind(tail_bytes=256) == "time_limit"

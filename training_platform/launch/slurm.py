@@ -51,7 +51,7 @@ from training_platform.launch.slurm_preemption import (
     partition_tiers,
     running_jobs,
 )
-from training_platform.runlog import EVENTS_FILE, TIME_LIMIT
+from training_platform.runlog import EVENTS_FILE, TIME_LIMIT, RunEvents
 from training_platform.spec import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -256,8 +256,16 @@ class SlurmLauncher:
         if result.returncode == 0 and result.stdout.strip():
             record = parse_scontrol_record(result.stdout.strip().splitlines()[0])
             # torchrun turns the worker's exit code 75 into 1; the worker's marker file tells.
-            preempted = (Path(record.get("WorkDir") or "/nonexistent") / PREEMPTED_MARKER).is_file()
-            return self._with_lost_nodes(status_from_record(record, preempted_marker=preempted), record, preempted)
+            workdir = Path(record.get("WorkDir") or "/nonexistent")
+            preempted = (workdir / PREEMPTED_MARKER).is_file()
+            status = self._with_lost_nodes(status_from_record(record, preempted_marker=preempted), record, preempted)
+            if status.state is JobState.REQUEUED and RunEvents(workdir).last_kind() == TIME_LIMIT:
+                why = (
+                    f"requeued at its time limit (slurm.time_limit) after an emergency checkpoint: attempt "
+                    f"{status.restarts + 1} waits ({record.get('Reason', 'None')}) and resumes from it"
+                )
+                status = replace(status, reason=why)
+            return status
         return self._status_from_accounting(handle, result.stderr.strip())
 
     def _with_lost_nodes(self, status: JobStatus, record: dict[str, str], preempted: bool) -> JobStatus:

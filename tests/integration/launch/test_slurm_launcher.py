@@ -151,6 +151,7 @@ def test_a_run_stopped_at_its_time_limit_checkpoints_and_is_requeued_but_not_as_
 
     assert (request.run_dir / "sigterm-rank0-attempt1").exists()  # the emergency checkpoint's turn
     assert "tp: SIGTERM (time_limit)" in launcher.logs(handle)
+    assert status.reason.startswith("requeued at its time limit"), status
     summary = summarize(RunEvents(request.run_dir).read())
     assert status.preemptions >= 1 and summary.preemptions_with(status) == 0, (status, summary)
     launcher.cancel(handle)
