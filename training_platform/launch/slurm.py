@@ -43,14 +43,7 @@ from training_platform.launch.job_env import job_environment
 from training_platform.launch.rendezvous import NODES
 from training_platform.launch.slurm_cluster import ClusterInfo, SlurmCommands, parse_records, parse_scontrol_record
 from training_platform.launch.slurm_nodes import last_attempt_log, nodes_lost_in, unresponsive_nodes
-from training_platform.launch.slurm_preemption import (
-    Need,
-    RunningJob,
-    choose_victims,
-    node_rooms,
-    partition_tiers,
-    running_jobs,
-)
+from training_platform.launch.slurm_preemption import Need, RunningJob, choose_victims, running_jobs
 from training_platform.runlog import EVENTS_FILE, TIME_LIMIT, RunEvents
 from training_platform.spec import TrainSpec
 
@@ -151,8 +144,10 @@ class SlurmLauncher:
         ClusterInfo.query(self.commands).check(plan.resources)
 
     def submit(self, plan: LaunchPlan) -> JobHandle:
-        if self.config.check_cluster:
-            self.check(plan)
+        # Read once: the check and the choice of whom to preempt both look at partitions and nodes.
+        cluster = ClusterInfo.query(self.commands) if self.config.check_cluster else None
+        if cluster is not None:
+            cluster.check(plan.resources)
         plan.workdir.mkdir(parents=True, exist_ok=True)
         for name, text in plan.files.items():
             (plan.workdir / name).write_text(text)
@@ -160,7 +155,7 @@ class SlurmLauncher:
         # script, so no secret the caller passes in RunRequest.env is ever written to disk; sbatch is
         # given the allow-listed environment, not the orchestrator's (launch/job_env.py).
         env = {**job_environment(), **plan.env}
-        victims, hold_s = self._victims(plan) if self.config.checkpoint_aware_preemption else ([], 0)
+        victims, hold_s = self._victims(plan, cluster) if self.config.checkpoint_aware_preemption else ([], 0)
         command = plan.command
         if victims:  # held back until its room is free; the hold runs out by itself if this process dies
             command = [*plan.command[:-1], f"--begin=now+{hold_s}", plan.command[-1]]
@@ -182,7 +177,7 @@ class SlurmLauncher:
 
     # -- checkpoint-aware preemption (slurm_preemption.py) -------------------------------------
 
-    def _victims(self, plan: LaunchPlan) -> tuple[list[RunningJob], int]:
+    def _victims(self, plan: LaunchPlan, cluster: ClusterInfo | None) -> tuple[list[RunningJob], int]:
         """The platform's runs to preempt so that `plan` starts, losing least, and how long to hold `plan` back
         for them (their partition's grace time and a margin to requeue); none when it fits, when Slurm does not
         preempt by partition tier here, or when the cluster cannot be read (Slurm decides then)."""
@@ -197,24 +192,17 @@ class SlurmLauncher:
         config = self.commands.run(["scontrol", "show", "config"], check=False)
         if not re.search(r"^PreemptType\s*=\s*preempt/partition_prio\s*$", config.stdout, re.MULTILINE):
             return [], 0
-        partitions = self.commands.run(["scontrol", "show", "partition", "-o"], check=False)
-        tiers = partition_tiers(parse_records(partitions.stdout))
-        target = tiers.get(need.partition)
-        if target is None or not any(p.preemptable and p.tier < target.tier for p in tiers.values()):
-            return [], 0  # a spot run, or a partition that preempts nobody: nothing to choose
-        # -d: a node's GresUsed (the GPUs its jobs hold).
-        nodes = self.commands.run(["scontrol", "show", "node", "-d", "-o"], check=False)
-        jobs = self.commands.run(["scontrol", "show", "job", "-o"], check=False)
-        if nodes.returncode != 0 or jobs.returncode != 0:
+        try:
+            cluster = cluster or ClusterInfo.query(self.commands)
+        except LaunchError:
             return [], 0
-        victims = choose_victims(
-            need,
-            node_rooms(parse_records(nodes.stdout), need.gres_type),
-            running_jobs(parse_records(jobs.stdout), self._hostnames),
-            tiers,
-            time.time(),
-        )
-        grace = max((tiers[v.partition].grace_time_s for v in victims), default=0)
+        if not cluster.preemptable_by(need.partition):
+            return [], 0  # a spot run, or a partition that preempts nobody: nothing to choose
+        jobs = self.commands.run(["scontrol", "show", "job", "-o"], check=False)
+        if jobs.returncode != 0:
+            return [], 0
+        victims = choose_victims(need, cluster, running_jobs(parse_records(jobs.stdout), self._hostnames), time.time())
+        grace = max((cluster.partitions[v.partition].grace_time_s for v in victims), default=0)
         return victims, grace + PREEMPTION_MARGIN_S
 
     def _make_room(self, handle: JobHandle, victims: list[RunningJob], hold_s: int) -> None:

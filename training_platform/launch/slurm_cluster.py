@@ -85,12 +85,21 @@ class SlurmCommands:
         return result
 
 
+# Node states (their words, lower case) that run no new job: room there does not count.
+_UNUSABLE_NODE_STATES = ("down", "drain", "fail", "future", "maint", "reboot", "power", "unknown", "not_responding")
+
+
 @dataclass(frozen=True)
 class Partition:
     name: str
     nodes: tuple[str, ...]
     grace_time_s: int
     preempt_mode: str
+    tier: int = 0  # PriorityTier: a higher tier's jobs may preempt a lower one's (preempt/partition_prio)
+
+    @property
+    def preemptable(self) -> bool:
+        return self.preempt_mode.upper() not in ("", "OFF")
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,22 @@ class Node:
     cpus: int
     gres: str
     partitions: tuple[str, ...]
+    state: str = "IDLE"
+    cpus_allocated: int = 0
+    gres_used: str = ""  # the GPUs its jobs hold (`scontrol show node -d`)
+
+    @property
+    def free_cpus(self) -> int:
+        return self.cpus - self.cpus_allocated
+
+    def free_gpus(self, gres_type: str | None) -> int:
+        return gpus_in_gres(self.gres, gres_type) - gpus_in_gres(self.gres_used, gres_type)
+
+    @property
+    def usable(self) -> bool:
+        """Whether the node may start a job now (not down, drained, failing or powered off)."""
+        words = self.state.lower().replace("+", " ").split()
+        return bool(words) and not any(w.rstrip("*~#!%$@^-").startswith(_UNUSABLE_NODE_STATES) for w in words)
 
 
 @dataclass(frozen=True)
@@ -109,7 +134,8 @@ class ClusterInfo:
     @classmethod
     def query(cls, commands: SlurmCommands) -> ClusterInfo:
         partitions = parse_records(commands.run(["scontrol", "show", "partition", "-o"]).stdout)
-        nodes = parse_records(commands.run(["scontrol", "show", "node", "-o"]).stdout)
+        # -d: each node's GresUsed, the GPUs its jobs hold.
+        nodes = parse_records(commands.run(["scontrol", "show", "node", "-d", "-o"]).stdout)
         return cls.from_records(partitions, nodes)
 
     @classmethod
@@ -117,9 +143,12 @@ class ClusterInfo:
         node_map = {
             n["NodeName"]: Node(
                 name=n["NodeName"],
-                cpus=int(n.get("CPUTot", "0") or 0),
+                cpus=int_field(n.get("CPUTot")),
                 gres=n.get("Gres", ""),
                 partitions=tuple(p for p in n.get("Partitions", "").split(",") if p),
+                state=n.get("State", ""),
+                cpus_allocated=int_field(n.get("CPUAlloc")),
+                gres_used=n.get("GresUsed", ""),
             )
             for n in nodes
             if "NodeName" in n
@@ -130,14 +159,21 @@ class ClusterInfo:
                 continue
             name = p["PartitionName"]
             members = tuple(n.name for n in node_map.values() if name in n.partitions)
-            grace = p.get("GraceTime", "0")
             part_map[name] = Partition(
                 name=name,
                 nodes=members,
-                grace_time_s=int(grace) if grace.isdigit() else 0,
+                grace_time_s=int_field(p.get("GraceTime")),
                 preempt_mode=p.get("PreemptMode", ""),
+                tier=int_field(p.get("PriorityTier")),
             )
         return cls(partitions=part_map, nodes=node_map)
+
+    def preemptable_by(self, partition: str) -> set[str]:
+        """The partitions whose jobs a job of `partition` may preempt: lower tiers that allow preemption."""
+        target = self.partitions.get(partition)
+        if target is None:
+            return set()
+        return {p.name for p in self.partitions.values() if p.preemptable and p.tier < target.tier}
 
     def check(self, requirements: Mapping[str, object]) -> None:
         """Refuse a request this cluster can never run, naming the spec field and the fix."""
@@ -175,3 +211,8 @@ class ClusterInfo:
                 f"resources.procs_per_node: needs {cpus} CPUs per node but the nodes of partition {partition!r} "
                 f"have at most {most_cpus}; lower resources.procs_per_node"
             )
+
+
+def int_field(text: str | None) -> int:
+    """A count field of scontrol's records; 0 when absent or not a number (`N/A`, `UNLIMITED`)."""
+    return int(text) if text and text.isdigit() else 0

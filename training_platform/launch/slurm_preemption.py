@@ -16,16 +16,14 @@ requeue themselves, so making room with them is left to Slurm.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from training_platform.durable_checkpoint import DurableCheckpoint
-from training_platform.launch.slurm_cluster import gpus_in_gres
+from training_platform.launch.slurm_cluster import ClusterInfo, Node, gpus_in_gres, int_field
 
 JOB_NAME_PREFIX = "tp-"  # render_sbatch names every job tp-<run_id>
-# Node states (their first word, lower case) that run no new job: room there does not count.
-_UNUSABLE_NODE_STATES = ("down", "drain", "fail", "future", "maint", "reboot", "power", "unknown", "not_responding")
 
 
 @dataclass(frozen=True)
@@ -61,47 +59,12 @@ class RunningJob:
         return self.lost_seconds(now) * max(1, units) * max(1, len(self.nodes))
 
 
-@dataclass(frozen=True)
-class NodeRoom:
-    name: str
-    state: str
-    partitions: tuple[str, ...]
-    free_cpus: int
-    free_gpus: int
-
-    @property
-    def usable(self) -> bool:
-        words = self.state.lower().replace("+", " ").split()
-        return bool(words) and not any(w.rstrip("*~#!%$@^-").startswith(_UNUSABLE_NODE_STATES) for w in words)
-
-
-@dataclass(frozen=True)
-class PartitionTier:
-    name: str
-    tier: int
-    preempt_mode: str
-    grace_time_s: int
-
-    @property
-    def preemptable(self) -> bool:
-        return self.preempt_mode.upper() not in ("", "OFF")
-
-
-def choose_victims(
-    need: Need,
-    nodes: Sequence[NodeRoom],
-    jobs: Sequence[RunningJob],
-    partitions: dict[str, PartitionTier],
-    now: float,
-) -> list[RunningJob]:
+def choose_victims(need: Need, cluster: ClusterInfo, jobs: Sequence[RunningJob], now: float) -> list[RunningJob]:
     """The running platform jobs to preempt so that `need` starts, losing the least work; [] when it fits as
     things are, or when even preempting them all would not make room (Slurm decides then)."""
-    target = partitions.get(need.partition)
-    if target is None:
-        return []
-    preemptable = {name for name, p in partitions.items() if p.preemptable and p.tier < target.tier}
+    preemptable = cluster.preemptable_by(need.partition)
     costs: list[tuple[float, int, str, list[RunningJob]]] = []
-    for node in nodes:
+    for node in cluster.nodes.values():
         if need.partition not in node.partitions or not node.usable:
             continue
         on_node = [job for job in jobs if node.name in job.nodes and job.partition in preemptable]
@@ -117,9 +80,9 @@ def choose_victims(
     return list(victims.values())
 
 
-def _cheapest_room(need: Need, node: NodeRoom, candidates: Iterable[RunningJob], now: float) -> list[RunningJob] | None:
+def _cheapest_room(need: Need, node: Node, candidates: Iterable[RunningJob], now: float) -> list[RunningJob] | None:
     """The jobs on `node` to preempt, least lost work first, until `need` fits there; None if it cannot."""
-    cpus, gpus = node.free_cpus, node.free_gpus
+    cpus, gpus = node.free_cpus, node.free_gpus(need.gres_type)
     picked: list[RunningJob] = []
     # Ties: the youngest first (the least of its attempt to redo if its checkpoint is as old as its start).
     for job in sorted(candidates, key=lambda j: (j.lost_work(now), -j.started_at)):
@@ -132,7 +95,7 @@ def _cheapest_room(need: Need, node: NodeRoom, candidates: Iterable[RunningJob],
 
 
 # ----- reading scontrol's records --------------------------------------------------------------
-def running_jobs(records: Iterable[dict[str, str]], hostnames) -> list[RunningJob]:
+def running_jobs(records: Iterable[dict[str, str]], hostnames: Callable[[str], list[str]]) -> list[RunningJob]:
     """The platform's running jobs among `scontrol show job -o` records; `hostnames(nodelist)` expands a
     Slurm hostlist (`tp-node[0-1]`) into names."""
     jobs = []
@@ -146,41 +109,13 @@ def running_jobs(records: Iterable[dict[str, str]], hostnames) -> list[RunningJo
                 job_id=record["JobId"],
                 partition=record.get("Partition", ""),
                 nodes=nodes,
-                cpus_per_node=_int(record.get("NumCPUs")) // count,
+                cpus_per_node=int_field(record.get("NumCPUs")) // count,
                 gpus_per_node=gpus_in_gres(_gres(record.get("TresPerNode", "")), None),
                 started_at=_slurm_time(record.get("StartTime", "")),
                 checkpoint=DurableCheckpoint.from_slurm_comment(record.get("Comment", "")),
             )
         )
     return jobs
-
-
-def node_rooms(records: Iterable[dict[str, str]], gres_type: str | None) -> list[NodeRoom]:
-    """Each node's free CPUs and GPUs (of `gres_type`, any when None), from `scontrol show node -d -o`."""
-    return [
-        NodeRoom(
-            name=r["NodeName"],
-            state=r.get("State", ""),
-            partitions=tuple(p for p in r.get("Partitions", "").split(",") if p),
-            free_cpus=_int(r.get("CPUTot")) - _int(r.get("CPUAlloc")),
-            free_gpus=gpus_in_gres(r.get("Gres", ""), gres_type) - gpus_in_gres(r.get("GresUsed", ""), gres_type),
-        )
-        for r in records
-        if "NodeName" in r
-    ]
-
-
-def partition_tiers(records: Iterable[dict[str, str]]) -> dict[str, PartitionTier]:
-    return {
-        r["PartitionName"]: PartitionTier(
-            name=r["PartitionName"],
-            tier=_int(r.get("PriorityTier")),
-            preempt_mode=r.get("PreemptMode", ""),
-            grace_time_s=_int(r.get("GraceTime")),
-        )
-        for r in records
-        if "PartitionName" in r
-    }
 
 
 def _gres(tres_per_node: str) -> str:
@@ -198,7 +133,3 @@ def _slurm_time(text: str) -> float:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:
         return 0.0
-
-
-def _int(text: str | None) -> int:
-    return int(text) if text and text.isdigit() else 0
