@@ -1,5 +1,6 @@
 """The training_run asset: one partition per run, launched through the launcher resource."""
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from assets.partitions import training_runs
 from resources.launcher import LauncherResource
 from resources.platform import PlatformResource
 from training_platform import tracking
-from training_platform.attempts import begin_attempt, finish_attempt
+from training_platform.attempts import Attempt, begin_attempt, finish_attempt
 from training_platform.cost.accounting import record_storage_cost
 from training_platform.cost.attempts import resume_step
 from training_platform.cost.budgets import check_run_budget
@@ -24,6 +25,7 @@ from training_platform.reproduce import compare
 from training_platform.runlog import RunEvents
 from training_platform.runs import load_run_spec, read_result, register_submitted
 from training_platform.spec import TrainSpec, parse_spec
+from training_platform.submission import FOLLOW_TAG
 from training_platform.sweeps.trial import TrialContext
 
 
@@ -68,44 +70,29 @@ def training_run(
     if config.spec:
         register_submitted(home, run_id, config.spec)
     attempt = begin_attempt(run_dir, run_id)
-    if attempt.is_reproduction:
-        # Reproduce from the original's lineage: its resolved spec pins the snapshot it trained on.
-        spec = parse_spec(attempt.original["spec"], source=f"run {run_id}'s original record")
-        context.log.info(f"run {run_id} finished before: reproducing it from scratch ({attempt.checkpoint_key})")
+    # A job whose Dagster run went down is followed, not launched again (following.py); a reproduction trains anew.
+    take_over = (
+        None
+        if attempt.is_reproduction
+        else launcher.job_to_take_over(context, run_dir, run_id, report_ended=FOLLOW_TAG in context.run.tags)
+    )
+    if take_over is not None:
+        # What the job trains: resolved, checked and within budget when it was launched.
+        launched = json.loads(RunRequest.spec_file(run_dir).read_text())
+        spec = parse_spec(launched, source=f"run {run_id}'s launched spec")
+        store_uri = spec.checkpoint.store_uri
     else:
-        spec = load_run_spec(home, run_id)
-        if spec.dataset.snapshot_id:  # named by id: its verdict counts as much as a resolved one's
-            from assets.datasets import refuse_failed_snapshot
-
-            refuse_failed_snapshot(context.instance, spec.dataset.snapshot_id)
-        spec = spec.with_snapshot(spec.dataset.snapshot_id or _latest_snapshot_id(context))
-    store_uri = platform.store_uri_for(spec.checkpoint.store_uri)
-    spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"store_uri": store_uri})})
-    if config.backend:
-        spec = parse_spec({**spec.model_dump(mode="json"), "backend": config.backend}, source="run config")
-    if config.capacity:
-        if config.capacity not in ("spot", "ondemand"):
-            raise SpecError(f"run config capacity: {config.capacity!r} is not spot or ondemand")
-        spec = spec.model_copy(
-            update={"resources": spec.resources.model_copy(update={"spot": config.capacity == "spot"})}
-        )
-    spec = preflight(spec, home, store_uri)  # the team's defaults filled in: launch what was checked
-    # The one budget gate every entry point passes (tp, the UI, sensors, retrains, resumes, retries, trials):
-    # a resume is estimated from the step it resumes at, a reproduction from scratch.
-    from_step = 0 if attempt.is_reproduction else resume_step(RunEvents(run_dir).read())
-    budget = check_run_budget(spec, home.root, from_step, stage="launched")
-    if budget.budget_usd is not None:
-        context.log.info(
-            f"team {spec.team}: spent ${budget.spent_usd:.2f} of ${budget.budget_usd:.2f} this month; "
-            f"this run is estimated at ${budget.estimate_usd:.2f}"
-        )
+        spec, store_uri = _spec_to_launch(context, config, platform, attempt)
 
     lineage = LineageKey.of(spec)
     tracking_uri = platform.mlflow_uri()
     tags = tracking.run_tags(spec, lineage, context.run_id, run_id)
     trial = TrialContext.read(home, run_id)  # set when this run is a sweep trial
     tags.update(trial.mlflow_tags() if trial else {})
-    mlflow_run_id = tracking.start_run(tracking_uri, home.mlflow_artifacts, spec, tags)
+    if take_over is not None and take_over.mlflow_run_id:
+        mlflow_run_id = take_over.mlflow_run_id  # the job logs there
+    else:
+        mlflow_run_id = tracking.start_run(tracking_uri, home.mlflow_artifacts, spec, tags)
     charged = _Charging(home.root, run_dir, run_id, spec, trial.sweep if trial else None, tracking_uri, mlflow_run_id)
     context.log.info(f"MLflow run {mlflow_run_id} in experiment {tracking.experiment_name(spec)}")
 
@@ -122,7 +109,7 @@ def training_run(
         | (trial.worker_env() if trial else {}),
     )
     try:
-        outcome = launcher.run(context, request)
+        outcome = launcher.run(context, request, take_over=take_over)
     except BaseException:  # terminated (the job was cancelled with it) or the launch failed
         charged.settle(context)  # whatever the attempts did, they are paid for
         tracking.end_run(tracking_uri, mlflow_run_id, succeeded=False)
@@ -182,6 +169,48 @@ def training_run(
     yield _reproducibility(attempt, value)
 
 
+def _spec_to_launch(
+    context: dg.AssetExecutionContext, config: TrainingRunConfig, platform: PlatformResource, attempt: Attempt
+) -> tuple[TrainSpec, str]:
+    """The spec a new job runs: the run's (its original's, for a reproduction) with its snapshot resolved, the
+    run config's overrides and the team's defaults, checked against the team's budget; and its store's URI."""
+    home = platform.paths()
+    run_id = context.partition_key
+    run_dir = home.run_dir(run_id)
+    if attempt.is_reproduction:
+        # Reproduce from the original's lineage: its resolved spec pins the snapshot it trained on.
+        spec = parse_spec(attempt.original["spec"], source=f"run {run_id}'s original record")
+        context.log.info(f"run {run_id} finished before: reproducing it from scratch ({attempt.checkpoint_key})")
+    else:
+        spec = load_run_spec(home, run_id)
+        if spec.dataset.snapshot_id:  # named by id: its verdict counts as much as a resolved one's
+            from assets.datasets import refuse_failed_snapshot
+
+            refuse_failed_snapshot(context.instance, spec.dataset.snapshot_id)
+        spec = spec.with_snapshot(spec.dataset.snapshot_id or _latest_snapshot_id(context))
+    store_uri = platform.store_uri_for(spec.checkpoint.store_uri)
+    spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"store_uri": store_uri})})
+    if config.backend:
+        spec = parse_spec({**spec.model_dump(mode="json"), "backend": config.backend}, source="run config")
+    if config.capacity:
+        if config.capacity not in ("spot", "ondemand"):
+            raise SpecError(f"run config capacity: {config.capacity!r} is not spot or ondemand")
+        spec = spec.model_copy(
+            update={"resources": spec.resources.model_copy(update={"spot": config.capacity == "spot"})}
+        )
+    spec = preflight(spec, home, store_uri)  # the team's defaults filled in: launch what was checked
+    # The one budget gate every entry point passes (tp, the UI, sensors, retrains, resumes, retries, trials):
+    # a resume is estimated from the step it resumes at, a reproduction from scratch.
+    from_step = 0 if attempt.is_reproduction else resume_step(RunEvents(run_dir).read())
+    budget = check_run_budget(spec, home.root, from_step, stage="launched")
+    if budget.budget_usd is not None:
+        context.log.info(
+            f"team {spec.team}: spent ${budget.spent_usd:.2f} of ${budget.budget_usd:.2f} this month; "
+            f"this run is estimated at ${budget.estimate_usd:.2f}"
+        )
+    return spec, store_uri
+
+
 @dataclass
 class _Charging:
     """Charges the attempts a launch closed, and says what the run cost so far (metadata, MLflow)."""
@@ -201,8 +230,10 @@ class _Charging:
                 record_storage_cost(self.home_root, self.spec, self.run_id, storage_key, result, self.sweep)
             money = run_money(self.home_root, self.run_id)
         except (OSError, ValueError, PlatformError) as exc:  # the preemption sensor settles it at its next tick
-            context.log.warning(f"run {self.run_id}: its attempts could not be charged now ({exc}); the "
-                                "preemption sensor charges them at its next tick")
+            context.log.warning(
+                f"run {self.run_id}: its attempts could not be charged now ({exc}); the "
+                "preemption sensor charges them at its next tick"
+            )
             return {}
         context.log.info(
             f"run {self.run_id}: {money['attempts']} attempt(s) charged, ${money['cost_total_usd']:.6f} in all "

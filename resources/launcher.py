@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
 
 from resources.live_run import LiveRun
 from resources.pipes_reader import PipesJsonLinesReader
-from training_platform.errors import PlatformError
+from training_platform.errors import LaunchError, PlatformError
+from training_platform.following import FOLLOWED, JOB_ENDED, SUBMITTED, FollowedJob, Follower, newest_job
 from training_platform.launch import JobHandle, JobState, JobStatus, Launcher, RunRequest
 from training_platform.launch.base import keeps_preempted_jobs, run_files_store
 from training_platform.launch.registry import launcher_for
@@ -28,8 +30,10 @@ from training_platform.runlog import NODE_FAILURE, RunEvents
 CANCEL_WAIT_S = 30.0
 STATUS_OUTAGE_S = 120.0  # how long the backend may fail to report the job's state before the run fails
 # What Dagster raises in a run it terminates (the UI's Terminate button, `tp cancel`): the job goes too.
-# Any other error leaves the job alone: the preemption sensor follows a job whose run stopped following it.
+# Any other error leaves the job alone: the preemption sensor has a new run take over a job whose run stopped
+# following it (following.py).
 TERMINATED = (dg.DagsterExecutionInterruptedError, KeyboardInterrupt)
+
 
 @dataclass
 class LaunchOutcome:
@@ -52,37 +56,103 @@ class LauncherResource(dg.ConfigurableResource):
     def launcher_for(self, backend: str) -> Launcher:
         return launcher_for(backend, slurm_conf=self.slurm_conf, k8s_images=self.k8s_approved_images or None)
 
-    def run(self, context: dg.AssetExecutionContext, request: RunRequest, backend: str | None = None) -> LaunchOutcome:
-        launcher = self.launcher_for(backend or request.spec.backend or self.mode)
+    def job_to_take_over(
+        self, context: dg.AssetExecutionContext, run_dir: Path, run_id: str, report_ended: bool = False
+    ) -> FollowedJob | None:
+        """The run's job whose Dagster run is gone, for this run to follow instead of launching the run again: one
+        still queued or running, one that succeeded (its result is collected, not trained again) and, when
+        `report_ended`, one that ended otherwise (this run reports its end). A job that ended otherwise is recorded
+        as ended, and the run launches a new one (which resumes from the newest checkpoint).
+
+        Refused (LaunchError) while the Dagster run following the job is still there: two runs would follow it."""
+        events = RunEvents(run_dir)
+        job = newest_job(run_id, events.read())
+        if job is None or not job.unfollowed:
+            return None
+        if not follower_gone(context.instance, job):
+            raise LaunchError(
+                f"run {run_id}: its {job.handle.backend} job {job.handle.job_id} is followed by Dagster run "
+                f"{job.followed_by}, which is still in progress; wait for it, or terminate it (`tp cancel`) to stop "
+                "the job as well"
+            )
+        launcher = self.launcher_for(job.handle.backend)
+        status = launcher.status(job.handle)
+        gone = status.state == JobState.PREEMPTED and not keeps_preempted_jobs(launcher)  # resumed by a new job
+        live = not status.state.finished and not gone
+        if live or status.state == JobState.SUCCEEDED or (report_ended and not gone):
+            context.log.warning(
+                f"run {run_id}: Dagster run {job.followed_by} stopped following {job.handle.backend} job "
+                f"{job.handle.job_id}, which is {status.state.value}: this run takes it over"
+            )
+            return job
+        events.append(
+            JOB_ENDED,
+            state=status.state.value,
+            reason=f"{status.reason} (seen after Dagster run {job.followed_by} had stopped following it)",
+        )
+        return None
+
+    def run(
+        self,
+        context: dg.AssetExecutionContext,
+        request: RunRequest,
+        backend: str | None = None,
+        take_over: FollowedJob | None = None,
+    ) -> LaunchOutcome:
+        """Launch the run and follow its job to its end; or, given `take_over` (job_to_take_over), follow that job."""
+        chosen = take_over.handle.backend if take_over else backend or request.spec.backend or self.mode
+        launcher = self.launcher_for(chosen)
         messages = request.run_dir / PIPES_MESSAGES_FILE
-        request.write_spec()
+        if take_over is None:
+            request.write_spec()
         store = run_files_store(launcher)
+        # A job taken over already wrote messages of its Pipes session: they are read from the start.
+        reader = PipesJsonLinesReader(messages, keep_existing=take_over is not None)
         with dg.open_pipes_session(
-            context=context,
-            context_injector=dg.PipesEnvContextInjector(),
-            message_reader=PipesJsonLinesReader(messages),
+            context=context, context_injector=dg.PipesEnvContextInjector(), message_reader=reader
         ) as session:
-            # A job that hands its files over through the store tags them with this Dagster run (run_files.py).
-            attempt = {ATTEMPT_ENV: context.run_id} if store is not None else {}
-            request = replace(request, env={**request.env, **session.get_bootstrap_env_vars(), **attempt})
-            plan = launcher.plan(request)
-            context.log.info(f"launch plan:\n{plan.render()}")
-            handle = launcher.submit(plan)
+            if take_over is None:
+                # A job that hands its files over through the store tags them with this Dagster run (run_files.py).
+                attempt = {ATTEMPT_ENV: context.run_id} if store is not None else {}
+                request = replace(request, env={**request.env, **session.get_bootstrap_env_vars(), **attempt})
+                plan = launcher.plan(request)
+                context.log.info(f"launch plan:\n{plan.render()}")
+                handle, submitted_by = launcher.submit(plan), context.run_id
+            else:
+                handle, submitted_by = take_over.handle, take_over.submitted_by
             events = RunEvents(request.run_dir)
-            pull = RunFilesPuller(store, request.run_id, request.run_dir, context.run_id)
+            pull = RunFilesPuller(store, request.run_id, request.run_dir, submitted_by)
+            follower = Follower.this_process().fields()
             try:  # from here on, a terminated run takes its job with it
-                # The capacity it runs on prices its attempts (cost/charges.py); a resume may move to on-demand.
-                events.append("submitted", backend=handle.backend, job_id=handle.job_id, dagster_run_id=context.run_id,
-                              spot=request.spec.resources.spot)
-                context.log.info(f"submitted {handle.backend} job {handle.job_id}")
+                if take_over is None:
+                    # The capacity it runs on prices its attempts (cost/charges.py); a resume may move to on-demand.
+                    events.append(
+                        SUBMITTED,
+                        backend=handle.backend,
+                        job_id=handle.job_id,
+                        dagster_run_id=context.run_id,
+                        spot=request.spec.resources.spot,
+                        mlflow_run_id=request.env.get("MLFLOW_RUN_ID"),
+                        **follower,
+                    )
+                    context.log.info(f"submitted {handle.backend} job {handle.job_id}")
+                else:
+                    events.append(
+                        FOLLOWED,
+                        backend=handle.backend,
+                        job_id=handle.job_id,
+                        dagster_run_id=context.run_id,
+                        **follower,
+                    )
+                    context.log.info(f"following {handle.backend} job {handle.job_id}, submitted by {submitted_by}")
                 live = LiveRun(context, launcher, handle, request.run_dir, request.spec.training.max_steps)
-                status = self._wait(context, launcher, handle, live, request, events, pull)
+                status = self._wait(context, launcher, handle, live, request, events, pull, take_over is not None)
                 pull(final=True)  # what the job pushed as it ended: its result, its last events and messages
                 live.poll(final=True)
             except TERMINATED:
                 self._cancel(context, launcher, handle, events)
                 raise
-            events.append("job_ended", state=status.state.value, reason=status.reason)
+            events.append(JOB_ENDED, state=status.state.value, reason=status.reason)
         logs = launcher.logs(handle)
         return LaunchOutcome(status, handle.job_id, list(session.get_results()), logs[-4000:])
 
@@ -95,6 +165,7 @@ class LauncherResource(dg.ConfigurableResource):
         request: RunRequest,
         events: RunEvents,
         pull: RunFilesPuller,
+        taken_over: bool = False,
     ) -> JobStatus:
         """Poll until the job ends or is preempted; a backend that does not answer for a while is asked again.
 
@@ -103,8 +174,9 @@ class LauncherResource(dg.ConfigurableResource):
 
         Each time the job starts running (first, and again after a requeue) is recorded: an attempt is charged
         from when its job held its allocation, not from when it was queued (cost/attempts.py). A requeued job
-        is moved to on-demand when due and released from the engine's hold (requeue.py)."""
-        failures, running, ran = 0, False, False
+        is moved to on-demand when due and released from the engine's hold (requeue.py). A job `taken_over` from
+        another Dagster run has started already: it is recorded again only when it restarts."""
+        failures, running, ran = 0, taken_over, taken_over
         lost: tuple[str, ...] = ()
         kept = keeps_preempted_jobs(launcher)
         while True:
@@ -149,7 +221,7 @@ class LauncherResource(dg.ConfigurableResource):
         context.log.warning(f"the run was terminated: cancelling {handle.backend} job {handle.job_id}")
         # Recorded first: a cancelled job's ranks exit as if preempted, and the preemption sensor must not
         # take them for a preemption to resume while the cancel is under way.
-        events.append("job_ended", state=JobState.CANCELLED.value, reason="cancelled: the Dagster run was terminated")
+        events.append(JOB_ENDED, state=JobState.CANCELLED.value, reason="cancelled: the Dagster run was terminated")
         launcher.cancel(handle)
         deadline = time.monotonic() + CANCEL_WAIT_S
         status = launcher.status(handle)
@@ -157,3 +229,13 @@ class LauncherResource(dg.ConfigurableResource):
             time.sleep(0.2)
             status = launcher.status(handle)
         context.log.warning(f"{handle.backend} job {handle.job_id} ended {status.state.value}; its checkpoints stay")
+
+
+def follower_gone(instance: dg.DagsterInstance, job: FollowedJob) -> bool:
+    """Whether the Dagster run following the job has stopped: it finished (failed, for instance, with the job still
+    running), or its process is gone while Dagster still shows it in progress (a run's process that was killed
+    cannot say so; on this host its pid tells)."""
+    run = instance.get_run_by_id(job.followed_by) if job.followed_by else None
+    if run is None or run.is_finished:
+        return True
+    return job.follower is not None and job.follower.is_gone() is True

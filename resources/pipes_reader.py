@@ -17,14 +17,16 @@ from dagster_pipes import PipesDefaultMessageWriter
 
 
 class PipesJsonLinesReader(dg.PipesMessageReader):
-    def __init__(self, path: str | Path, poll_seconds: float = 0.05):
+    def __init__(self, path: str | Path, poll_seconds: float = 0.05, keep_existing: bool = False):
         self.path = Path(path)
         self.poll_seconds = poll_seconds
+        self.keep_existing = keep_existing  # a job taken over wrote messages before: read them too
 
     @contextmanager
     def read_messages(self, handler) -> Iterator[dict]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("")
+        if not (self.keep_existing and self.path.is_file()):
+            self.path.write_text("")
         finished = threading.Event()
         thread = threading.Thread(target=self._tail, args=(handler, finished), daemon=True)
         thread.start()

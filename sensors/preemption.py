@@ -7,6 +7,10 @@ without notice, lost nodes, time limits) as observations on the run's `training_
 engine, steps lost, seconds to resume), and, where the
 job is gone, requests a resume run of the same partition (which restores the newest checkpoint).
 Where the engine requeued the job itself (Slurm --requeue, Kueue), it only follows it.
+
+A job whose Dagster run went down while it went on (the run's process killed, or failed on an error of its own)
+is taken over by a new run of the partition, which follows it to its end and materializes the run if it
+succeeded (following.py). A run Dagster still shows in progress whose process is gone is marked failed first.
 """
 
 import json
@@ -16,45 +20,37 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from assets.jobs import run_asset_keys, training_pipeline
-from resources.launcher import LauncherResource
+from resources.launcher import LauncherResource, follower_gone
 from resources.platform import PlatformResource
 from training_platform.cost.accounting import open_ledger
 from training_platform.cost.attempts import attempt_spans
 from training_platform.cost.charges import attempt_key, settle_spans
 from training_platform.errors import PlatformError
-from training_platform.launch import JobHandle, JobState
+from training_platform.following import FollowedJob, newest_job
+from training_platform.launch import JobState, JobStatus
 from training_platform.launch.base import keeps_preempted_jobs
 from training_platform.paths import PlatformHome
 from training_platform.preemption import PreemptionSummary, Recovery, deadline_risk, decide, progress_of, summarize
 from training_platform.requeue import follow_requeued
 from training_platform.runlog import NODE_FAILURE, TIME_LIMIT, RunEvents
 from training_platform.runs import load_run_spec
-from training_platform.submission import RESUME_TAG
+from training_platform.submission import FOLLOW_TAG, PARTITION_TAG, RESUME_TAG
 from training_platform.sweeps.trial import TrialContext
 
 FINAL_STATES = {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value}
+IN_PROGRESS = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
 EVENT_LABELS = {  # an interruption's kind (preemption.Interruption) as its observation names it
     "preempted": "preemption",
     "killed": "killed without notice",
     NODE_FAILURE: "node failure",
     TIME_LIMIT: "time limit",
 }
-
-
-def latest_job(events: list[dict]) -> tuple[JobHandle | None, str | None]:
-    """The newest submitted job of a run, and how it ended if the orchestrator saw it end."""
-    handle, ended = None, None
-    for event in events:
-        if event["kind"] == "submitted":
-            handle, ended = JobHandle(event["backend"], event["job_id"], ""), None
-        elif event["kind"] == "job_ended":
-            ended = event["state"]
-    return handle, ended
-
-
-def _last_dagster_run(events: list[dict]) -> str:
-    """The Dagster run that submitted the run's newest job (the attempt a resume continues)."""
-    return next((e.get("dagster_run_id", "") for e in reversed(events) if e["kind"] == "submitted"), "")
 
 
 def observation(run_id: str, backend: str, interruption) -> dg.AssetObservation:
@@ -88,17 +84,17 @@ def preemption_sensor(context: dg.SensorEvaluationContext, platform: PlatformRes
         run_id = run_dir.name
         events = RunEvents(run_dir).read()
         _charge(context, home, run_id, events, charged)
-        handle, ended = latest_job(events)
-        if handle is None:
+        job = newest_job(run_id, events)
+        if job is None:
             continue
         summary = summarize(events)
         for interruption in summary.interruptions[reported.get(run_id, 0) :]:
             if interruption.recovery_seconds is None:
                 break  # report it once the resume figures are known
-            context.instance.report_runless_asset_event(observation(run_id, handle.backend, interruption))
+            context.instance.report_runless_asset_event(observation(run_id, job.handle.backend, interruption))
             reported[run_id] = reported.get(run_id, 0) + 1
-        if ended not in FINAL_STATES:
-            yield from _recover(context, home, run_id, handle, launcher, summary, _last_dagster_run(events))
+        if job.ended not in FINAL_STATES:
+            yield from _recover(context, home, run_id, job, launcher, summary)
     context.update_cursor(json.dumps(reported))
 
 
@@ -121,11 +117,11 @@ def _recover(
     context: dg.SensorEvaluationContext,
     home: PlatformHome,
     run_id: str,
-    handle: JobHandle,
+    job: FollowedJob,
     launcher: LauncherResource,
     summary: PreemptionSummary,
-    attempt: str,
 ):
+    handle = job.handle
     try:
         spec = load_run_spec(home, run_id)
         backend = launcher.launcher_for(handle.backend)
@@ -152,8 +148,33 @@ def _recover(
             run_key=f"{run_id}:resume:{max(summary.preemptions, 1)}:{handle.job_id}",
             partition_key=run_id,
             run_config=config,
-            tags={RESUME_TAG: attempt, "tp/reason": decision.reason[:200]},
+            tags={RESUME_TAG: job.submitted_by, "tp/reason": decision.reason[:200]},
             asset_selection=run_asset_keys(spec),
         )
     elif decision.action == Recovery.GIVE_UP:
         context.log.warning(f"{run_id}: not resumed: {decision.reason}")
+    gone = status.state == JobState.PREEMPTED and not keeps_preempted_jobs(backend)  # resumed above instead
+    if job.left_behind and not gone and follower_gone(context.instance, job):
+        yield from _take_over(context, run_id, job, status, spec)
+
+
+def _take_over(context: dg.SensorEvaluationContext, run_id: str, job: FollowedJob, status: JobStatus, spec):
+    """A run of the partition to follow the job its Dagster run stopped following, unless one is on its way."""
+    instance = context.instance
+    followed_by = instance.get_run_by_id(job.followed_by) if job.followed_by else None
+    if followed_by is not None and not followed_by.is_finished:
+        instance.report_run_failed(
+            followed_by,
+            f"the process of this run (pid {job.follower.pid if job.follower else '?'}) is gone; its "
+            f"{job.handle.backend} job {job.handle.job_id} goes on, and a new run of partition {run_id} follows it",
+        )
+    if instance.get_runs(dg.RunsFilter(tags={PARTITION_TAG: run_id}, statuses=IN_PROGRESS), limit=1):
+        return  # that run (a resume, a retry, a user's) takes the job over itself (LauncherResource)
+    reason = f"Dagster run {job.followed_by} stopped following {job.handle.job_id}, which is {status.state.value}"
+    context.log.warning(f"{run_id}: {reason}: a new run takes it over")
+    yield dg.RunRequest(
+        run_key=f"{run_id}:follow:{job.handle.job_id}:{job.followed_by}",
+        partition_key=run_id,
+        tags={FOLLOW_TAG: job.followed_by, "tp/reason": reason[:200]},
+        asset_selection=run_asset_keys(spec),
+    )

@@ -9,6 +9,7 @@ import dagster as dg
 from assets.jobs import run_asset_keys, training_pipeline
 from resources.platform import PlatformResource
 from training_platform.errors import PlatformError
+from training_platform.following import newest_job
 from training_platform.launch import JobState
 from training_platform.runlog import RunEvents
 from training_platform.runs import load_run_spec
@@ -48,9 +49,11 @@ def training_failure_sensor(context: dg.RunFailureSensorContext, platform: Platf
     if not run_id:
         return
     home = platform.paths()
-    ended = [e for e in RunEvents(home.run_dir(run_id)).read() if e["kind"] == "job_ended"]
-    if ended and ended[-1]["state"] == JobState.PREEMPTED.value:
+    job = newest_job(run_id, RunEvents(home.run_dir(run_id)).read())
+    if job is not None and job.ended == JobState.PREEMPTED.value:
         return  # the preemption sensor owns preempted runs
+    if job is not None and job.left_behind:
+        return  # the run went down while its job went on: the preemption sensor has a new run take the job over
     try:
         spec = load_run_spec(home, run_id)
     except PlatformError:

@@ -33,6 +33,9 @@ OWN_CODE_TAG = "tp/own_code"
 """On a run of a user's own script without an `evaluation` section: only training_run and checkpoints."""
 RESUME_TAG = "tp/resume_of"
 RETRY_TAG = "tp/retry_of"
+FOLLOW_TAG = "tp/follow_of"
+"""On a run that takes over the job of a Dagster run that went down (the tag names it): it follows the job to its
+end, whatever that end is, and materializes the run if it succeeded (following.py)."""
 REPRODUCTION_TAG = "tp/reproduction_of"
 CARRIED_TAGS = ("team", "owner", "dagster/priority", SWEEP_TAG, OWN_CODE_TAG)
 """What a resume, a retry or a reproduction keeps of the run it continues."""

@@ -53,7 +53,12 @@ class RunRequest:
 
     @property
     def spec_path(self) -> Path:
-        return self.run_dir / "spec.json"
+        return self.spec_file(self.run_dir)
+
+    @staticmethod
+    def spec_file(run_dir: Path) -> Path:
+        """Where a run's launched spec is: what its newest job trains."""
+        return run_dir / "spec.json"
 
     def write_spec(self) -> Path:
         """Write the resolved spec for a new attempt; a result left by an earlier one is removed."""

@@ -1,0 +1,139 @@
+"""A job outlives the Dagster run that followed it (its process SIGKILLed, as the OOM killer would): the preemption
+sensor marks that run failed and has a new run of the partition take the job over, which follows it to its end and
+materializes the run without training it a second time. While the first run is still there, nobody else may."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from definitions import defs
+from sensors.preemption import preemption_sensor
+from sensors.run_status import training_failure_sensor
+from tests.fixtures.materialize import materialize_partition, step_failure_message
+from training_platform.datasets import build_snapshot
+from training_platform.paths import PlatformHome
+from training_platform.runlog import RunEvents
+from training_platform.runs import read_result, register_run
+from training_platform.spec import parse_spec
+from training_platform.submission import FOLLOW_TAG, PARTITION_TAG
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+ROOT = Path(__file__).resolve().parents[2]
+SELECTION = ["training_run", "checkpoints"]
+MATERIALIZE = """
+import sys
+import dagster as dg
+from tests.fixtures.materialize import materialize_partition
+with dg.DagsterInstance.get() as instance:
+    materialize_partition(instance, sys.argv[1], sys.argv[2:])
+"""
+
+
+def _wait_for(what, predicate, timeout=180.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := predicate():
+            return found
+        time.sleep(0.1)
+    raise TimeoutError(f"waited {timeout:.0f} s for {what}")
+
+
+def _job_training(run_dir: Path) -> int | None:
+    """The local job's pid (its process group) once it is past step 20."""
+    events = RunEvents(run_dir).read()
+    submitted = [e for e in events if e["kind"] == "submitted"]
+    if submitted and any(e["kind"] == "progress" and e["step"] >= 20 for e in events):
+        return int(submitted[-1]["job_id"].split(":")[0])
+    return None
+
+
+def _tick(instance) -> list[dg.RunRequest]:
+    context = dg.build_sensor_context(instance=instance, resources=defs.resources, definitions=defs)
+    return [r for r in (preemption_sensor(context) or []) if isinstance(r, dg.RunRequest)]
+
+
+def _failure_tick(instance, result) -> list[dg.RunRequest]:
+    context = dg.build_run_status_sensor_context(
+        sensor_name="training_failure_sensor",
+        dagster_event=result.get_run_failure_event(),
+        dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(result.run_id),
+        resources=defs.resources,
+    ).for_run_failure()
+    return [r for r in (training_failure_sensor(context) or []) if isinstance(r, dg.RunRequest)]
+
+
+def test_a_job_whose_dagster_run_died_is_taken_over_and_materialized_without_training_again(instance, tmp_path):
+    home = PlatformHome.from_env().ensure()
+    snapshot = build_snapshot("sklearn_digits", home.snapshots).snapshot_id
+    spec = parse_spec(
+        {
+            "name": "orphan",
+            "team": "qa",
+            "owner": "ci",
+            "dataset": {"snapshot_id": snapshot},
+            "training": {"max_steps": 300, "batch_size": 16, "eval_every": 100, "log_every": 5},
+            "checkpoint": {"every_steps": 100, "keep_last": 10},
+            "preemption": {"retry_failures": 1},  # the failure sensor would retry, and must not here
+        }
+    )
+    run_id = register_run(home, spec, "orphan")
+    instance.add_dynamic_partitions("training_runs", [run_id])
+    run_dir = home.run_dir(run_id)
+
+    # The first Dagster run, in a process of its own; its job is paused past step 20 so that the checks below
+    # happen while it still trains, whatever this machine's pace.
+    with open(tmp_path / "first-run.log", "wb") as log:
+        first = subprocess.Popen(
+            [sys.executable, "-c", MATERIALIZE, run_id, *SELECTION], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
+    job_pid = None
+    try:
+        job_pid = _wait_for("the job to pass step 20", lambda: _job_training(run_dir))
+        os.killpg(job_pid, signal.SIGSTOP)
+        (first_run,) = instance.get_runs(dg.RunsFilter(tags={PARTITION_TAG: run_id}))
+
+        # While its follower is there, another run of the partition is refused, and is not retried.
+        refused = materialize_partition(instance, run_id, SELECTION)
+        assert not refused.success
+        message = step_failure_message(refused)
+        assert first_run.run_id in message and "still in progress" in message
+        assert _failure_tick(instance, refused) == []
+        assert _tick(instance) == []  # nobody takes over a job that is followed
+
+        first.kill()  # the OOM killer's pick: no handler runs
+        first.wait(timeout=60)
+        assert instance.get_run_by_id(first_run.run_id).status == dg.DagsterRunStatus.STARTED  # nobody told Dagster
+
+        (request,) = _tick(instance)
+        assert instance.get_run_by_id(first_run.run_id).status == dg.DagsterRunStatus.FAILURE
+        assert request.partition_key == run_id and request.tags[FOLLOW_TAG] == first_run.run_id
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        if job_pid is not None:
+            os.killpg(job_pid, signal.SIGCONT)
+
+    taken = materialize_partition(instance, run_id, SELECTION, tags=request.tags)
+    assert taken.success, (tmp_path / "first-run.log").read_text()[-3000:]
+    events = RunEvents(run_dir).read()
+    (submitted,) = [e for e in events if e["kind"] == "submitted"]  # trained once
+    (followed,) = [e for e in events if e["kind"] == "followed"]
+    assert followed["dagster_run_id"] == taken.run_id and followed["job_id"] == submitted["job_id"]
+    assert not [e for e in events if e["kind"] == "resumed"]  # never restarted
+    assert [e["state"] for e in events if e["kind"] == "job_ended"] == ["SUCCEEDED"]
+    result = read_result(home, run_id)
+    assert result["final_step"] == 300
+    metadata = taken.asset_materializations_for_node("training_run")[0].metadata
+    assert metadata["final_weights_sha256"].value == result["final_weights_sha256"]
+    assert metadata["mlflow_run_id"].value == submitted["mlflow_run_id"]  # the MLflow run the job logged to
+    assert _tick(instance) == []  # followed to its end: nothing left to take over
