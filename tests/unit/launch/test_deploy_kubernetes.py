@@ -448,3 +448,21 @@ def test_admission_refuses_a_launcher_job_beyond_its_namespaces_allowances(tmp_p
 def test_admission_refuses_launcher_objects_that_open_the_rendezvous_port(tmp_path, kind, path, value):
     objects, namespace = _rendered("vision", tmp_path)
     assert _admits(_policy("training-launcher-network"), _edit(objects[kind], path, value), namespace)
+
+
+def test_the_dagster_side_shares_one_read_write_many_home():
+    """The code server (the sensors) and every run's pod read and write the same run directories."""
+    values = yaml.safe_load((DEPLOY / "dagster" / "values.yaml").read_text())
+    (deployment,) = values["dagster-user-deployments"]["deployments"]
+    assert deployment["includeConfigInLaunchedRuns"]["enabled"] is True  # run pods get its volumes and env
+    home = next(e["value"] for e in deployment["env"] if e["name"] == "TP_HOME")
+    (mount,) = [m for m in deployment["volumeMounts"] if m["mountPath"] == home]
+    (volume,) = [v for v in deployment["volumes"] if v["name"] == mount["name"]]
+    claimed = volume["persistentVolumeClaim"]["claimName"]
+    (claim,) = [c for c in _kind("PersistentVolumeClaim") if c["metadata"]["name"] == claimed]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["metadata"]["namespace"] == values["runLauncher"]["config"]["k8sRunLauncher"]["jobNamespace"]
+    # The image runs as uid 1000: both the code server's pod and the run pods may write the volume.
+    assert deployment["podSecurityContext"]["fsGroup"] == 1000
+    run_pods = values["runLauncher"]["config"]["k8sRunLauncher"]["runK8sConfig"]["podSpecConfig"]
+    assert run_pods["securityContext"]["fsGroup"] == 1000
