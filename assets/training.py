@@ -25,7 +25,7 @@ from training_platform.reproduce import compare
 from training_platform.runlog import RunEvents
 from training_platform.runs import load_run_spec, read_result, register_submitted
 from training_platform.spec import TrainSpec, parse_spec
-from training_platform.submission import FOLLOW_TAG
+from training_platform.submission import FOLLOW_TAG, LEFT_JOB_TAG
 from training_platform.sweeps.trial import TrialContext
 
 
@@ -110,9 +110,10 @@ def training_run(
     )
     try:
         outcome = launcher.run(context, request, take_over=take_over)
-    except BaseException:  # terminated (the job was cancelled with it) or the launch failed
+    except BaseException:  # terminated (the job was cancelled with it), the launch failed, or the job goes on
         charged.settle(context)  # whatever the attempts did, they are paid for
-        tracking.end_run(tracking_uri, mlflow_run_id, succeeded=False)
+        if LEFT_JOB_TAG not in context.instance.get_run_by_id(context.run_id).tags:
+            tracking.end_run(tracking_uri, mlflow_run_id, succeeded=False)  # else the run taking the job over ends it
         raise
     result = read_result(home, run_id)
     succeeded = outcome.status.state == JobState.SUCCEEDED and result is not None

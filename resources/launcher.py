@@ -26,6 +26,7 @@ from training_platform.launch.registry import launcher_for
 from training_platform.requeue import follow_requeued
 from training_platform.run_files import ATTEMPT_ENV, PIPES_MESSAGES_FILE, RunFilesPuller
 from training_platform.runlog import NODE_FAILURE, RunEvents
+from training_platform.submission import LEFT_JOB_TAG
 
 CANCEL_WAIT_S = 30.0
 STATUS_OUTAGE_S = 120.0  # how long the backend may fail to report the job's state before the run fails
@@ -151,6 +152,10 @@ class LauncherResource(dg.ConfigurableResource):
                 live.poll(final=True)
             except TERMINATED:
                 self._cancel(context, launcher, handle, events)
+                raise
+            except BaseException:
+                # The job goes on without this run: the preemption sensor has a new run take it over.
+                context.instance.add_run_tags(context.run_id, {LEFT_JOB_TAG: handle.job_id})
                 raise
             events.append(JOB_ENDED, state=status.state.value, reason=status.reason)
         logs = launcher.logs(handle)

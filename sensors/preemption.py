@@ -34,7 +34,7 @@ from training_platform.preemption import PreemptionSummary, Recovery, deadline_r
 from training_platform.requeue import follow_requeued
 from training_platform.runlog import NODE_FAILURE, TIME_LIMIT, RunEvents
 from training_platform.runs import load_run_spec
-from training_platform.submission import FOLLOW_TAG, PARTITION_TAG, RESUME_TAG
+from training_platform.submission import FOLLOW_TAG, LEFT_JOB_TAG, PARTITION_TAG, RESUME_TAG
 from training_platform.sweeps.trial import TrialContext
 
 FINAL_STATES = {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value}
@@ -162,6 +162,8 @@ def _take_over(context: dg.SensorEvaluationContext, run_id: str, job: FollowedJo
     """A run of the partition to follow the job its Dagster run stopped following, unless one is on its way."""
     instance = context.instance
     followed_by = instance.get_run_by_id(job.followed_by) if job.followed_by else None
+    if followed_by is not None and LEFT_JOB_TAG not in followed_by.tags:
+        instance.add_run_tags(followed_by.run_id, {LEFT_JOB_TAG: job.handle.job_id})  # before it shows failed
     if followed_by is not None and not followed_by.is_finished:
         instance.report_run_failed(
             followed_by,

@@ -6,44 +6,29 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
 from definitions import defs
-from sensors.preemption import preemption_sensor
 from sensors.run_status import training_failure_sensor
-from tests.fixtures.materialize import materialize_partition, step_failure_message
+from tests.fixtures.materialize import (
+    materialize_in_subprocess,
+    materialize_partition,
+    preemption_requests,
+    step_failure_message,
+)
+from tests.fixtures.worker import wait_until
 from training_platform.datasets import build_snapshot
 from training_platform.paths import PlatformHome
 from training_platform.runlog import RunEvents
 from training_platform.runs import read_result, register_run
 from training_platform.spec import parse_spec
-from training_platform.submission import FOLLOW_TAG, PARTITION_TAG
+from training_platform.submission import FOLLOW_TAG, LEFT_JOB_TAG, PARTITION_TAG
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
-ROOT = Path(__file__).resolve().parents[2]
 SELECTION = ["training_run", "checkpoints"]
-MATERIALIZE = """
-import sys
-import dagster as dg
-from tests.fixtures.materialize import materialize_partition
-with dg.DagsterInstance.get() as instance:
-    materialize_partition(instance, sys.argv[1], sys.argv[2:])
-"""
-
-
-def _wait_for(what, predicate, timeout=180.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := predicate():
-            return found
-        time.sleep(0.1)
-    raise TimeoutError(f"waited {timeout:.0f} s for {what}")
 
 
 def _job_training(run_dir: Path) -> int | None:
@@ -53,11 +38,6 @@ def _job_training(run_dir: Path) -> int | None:
     if submitted and any(e["kind"] == "progress" and e["step"] >= 20 for e in events):
         return int(submitted[-1]["job_id"].split(":")[0])
     return None
-
-
-def _tick(instance) -> list[dg.RunRequest]:
-    context = dg.build_sensor_context(instance=instance, resources=defs.resources, definitions=defs)
-    return [r for r in (preemption_sensor(context) or []) if isinstance(r, dg.RunRequest)]
 
 
 def _failure_tick(instance, result) -> list[dg.RunRequest]:
@@ -91,13 +71,10 @@ def test_a_job_whose_dagster_run_died_is_taken_over_and_materialized_without_tra
 
     # The first Dagster run, in a process of its own; its job is paused past step 20 so that the checks below
     # happen while it still trains, whatever this machine's pace.
-    with open(tmp_path / "first-run.log", "wb") as log:
-        first = subprocess.Popen(
-            [sys.executable, "-c", MATERIALIZE, run_id, *SELECTION], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
-        )
+    first = materialize_in_subprocess(run_id, SELECTION, tmp_path / "first-run.log")
     job_pid = None
     try:
-        job_pid = _wait_for("the job to pass step 20", lambda: _job_training(run_dir))
+        job_pid = wait_until(lambda: _job_training(run_dir), 180, "the job to pass step 20")
         os.killpg(job_pid, signal.SIGSTOP)
         (first_run,) = instance.get_runs(dg.RunsFilter(tags={PARTITION_TAG: run_id}))
 
@@ -107,14 +84,16 @@ def test_a_job_whose_dagster_run_died_is_taken_over_and_materialized_without_tra
         message = step_failure_message(refused)
         assert first_run.run_id in message and "still in progress" in message
         assert _failure_tick(instance, refused) == []
-        assert _tick(instance) == []  # nobody takes over a job that is followed
+        assert preemption_requests(instance) == []  # nobody takes over a job that is followed
 
         first.kill()  # the OOM killer's pick: no handler runs
         first.wait(timeout=60)
         assert instance.get_run_by_id(first_run.run_id).status == dg.DagsterRunStatus.STARTED  # nobody told Dagster
 
-        (request,) = _tick(instance)
-        assert instance.get_run_by_id(first_run.run_id).status == dg.DagsterRunStatus.FAILURE
+        (request,) = preemption_requests(instance)
+        went_down = instance.get_run_by_id(first_run.run_id)
+        assert went_down.status == dg.DagsterRunStatus.FAILURE
+        assert went_down.tags[LEFT_JOB_TAG] == f"{job_pid}:{run_dir}"  # `tp` waits for the run taking over
         assert request.partition_key == run_id and request.tags[FOLLOW_TAG] == first_run.run_id
     finally:
         if first.poll() is None:
@@ -136,4 +115,4 @@ def test_a_job_whose_dagster_run_died_is_taken_over_and_materialized_without_tra
     metadata = taken.asset_materializations_for_node("training_run")[0].metadata
     assert metadata["final_weights_sha256"].value == result["final_weights_sha256"]
     assert metadata["mlflow_run_id"].value == submitted["mlflow_run_id"]  # the MLflow run the job logged to
-    assert _tick(instance) == []  # followed to its end: nothing left to take over
+    assert preemption_requests(instance) == []  # followed to its end: nothing left to take over

@@ -4,7 +4,8 @@ A platform run is a `training_runs` partition. Submitting one queues either its 
 when its data source has no snapshot for the day yet, a snapshot run tagged to train it (the
 server's `retraining_sensor` starts the training run once the snapshot passes its expectations).
 Following it walks every Dagster run the platform run goes through: the snapshot, the first attempt,
-the resume after a preemption (started by the preemption sensor), a retry (the failure sensor).
+the resume after a preemption (started by the preemption sensor), a retry (the failure sensor), the run that takes
+a job over when the run following it went down (the preemption sensor).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from training_platform.client.graphql import ClientError, DagsterRun, PlatformCl
 from training_platform.runs import spec_tags
 from training_platform.spec import TrainSpec
 from training_platform.submission import (
+    LEFT_JOB_TAG,
     PARTITION_TAG,
     RETRY_TAG,
     RUN_ASSETS,
@@ -213,6 +215,13 @@ def _verdict(client: PlatformClient, run_id: str, run: DagsterRun, retries_allow
         failed = [check for check in client.check_results(run.id) if not check.passed]
         if failed:
             return Progress(run_id, "FAILED", run, error=f"the dataset snapshot did not pass: {failed[0].description}")
+    if run.trains and LEFT_JOB_TAG in run.tags:
+        return Progress(
+            run_id,
+            "waiting for the run that takes over its job (the run went down, the job goes on)",
+            run,
+            error=f"Dagster run {run.id} went down while job {run.tags[LEFT_JOB_TAG]} went on",
+        )
     failure = client.failure(run.id)
     if run.trains and failure.metadata.get("preempted"):
         return Progress(run_id, "preempted: waiting for the resume", run, error=failure.message)
