@@ -18,7 +18,7 @@ from training_platform.paths import PlatformHome
 from training_platform.preemption import Recovery, decide, summarize
 from training_platform.runlog import RunEvents
 from training_platform.runs import load_run_spec, spec_tags
-from training_platform.submission import PARTITION_TAG, SWEEP_TAG
+from training_platform.submission import LEFT_JOB_TAG, PARTITION_TAG, SWEEP_TAG
 from training_platform.sweeps import QueuedSweep, SweepDriver, SweepQueue, SweepResult
 from training_platform.sweeps.driver import RunState, TrialRun
 from training_platform.sweeps.parent_run import end_parent_run
@@ -90,6 +90,8 @@ def trial_run_state(instance: dg.DagsterInstance, home: PlatformHome, run_id: st
         return RunState(TrialRun.FINISHED)
     if run.status == dg.DagsterRunStatus.CANCELED:
         return RunState(TrialRun.FAILED, f"Dagster run {run.run_id} was cancelled")
+    if LEFT_JOB_TAG in run.tags:
+        return RunState(TrialRun.RUNNING)  # its job goes on: the preemption sensor has a run take it over
     spec = load_run_spec(home, run_id)
     events = RunEvents(home.run_dir(run_id)).read()
     ended = [e for e in events if e["kind"] == "job_ended"]
