@@ -27,7 +27,7 @@ import traceback
 from multiprocessing import forkserver
 from pathlib import Path
 
-from training_platform.launch import standby
+from training_platform.launch import fork_server_guard, standby
 
 # What every worker imports before its first step; forked workers find them loaded. torch._dynamo
 # is imported by torch's optimizers and by use_deterministic_algorithms: 0.9 s per worker otherwise
@@ -39,6 +39,7 @@ PRELOADED_MODULES = [
     "training_platform.train.session",
     "training_platform.train.loop",
 ]
+FORK_SERVER_GUARD = "training_platform.launch.fork_server_guard"  # the fork server's own: it goes with the agent
 
 
 def run_module(module: str, *argv: str) -> None:
@@ -46,6 +47,7 @@ def run_module(module: str, *argv: str) -> None:
     # The fork server ignores SIGTERM and SIGINT; a worker handles signals like a fresh interpreter.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(fork_server_guard.GUARD_SIGNAL, signal.SIG_DFL)  # the fork server's, not a worker's
     # torch's wrapper interrupts a worker whose parent (the fork server) dies with SIGINT, which
     # would abort an emergency checkpoint; SIGTERM is the signal the worker checkpoints and stops on.
     ctypes.CDLL(None, use_errno=True).prctl(standby.PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     # SIGTERM (an ignored signal stays ignored across exec): a SIGTERM to the job's process group
     # must not take it down under workers still writing their emergency checkpoint. It exits
     # with the agent.
-    multiprocessing.set_forkserver_preload(PRELOADED_MODULES)
+    multiprocessing.set_forkserver_preload([FORK_SERVER_GUARD, *PRELOADED_MODULES])
     default_handler = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     forkserver.ensure_running()
     signal.signal(signal.SIGTERM, default_handler)

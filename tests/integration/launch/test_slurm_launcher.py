@@ -7,6 +7,7 @@ torchrun and Slurm's signals, not training.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,6 +68,13 @@ def _wait(
             return seen
         time.sleep(0.3)
     raise AssertionError(f"job {handle.job_id} did not get there in {timeout}s; states seen: {seen}")
+
+
+def _seconds(run_time: str) -> int:
+    """Slurm's `[days-]hh:mm:ss` as seconds."""
+    days, _, clock = run_time.rpartition("-")
+    hours, minutes, seconds = (int(part) for part in clock.split(":"))
+    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
 
 
 def _wait_for_file(pattern: str, where: Path, timeout: float = 60) -> None:
@@ -141,13 +149,25 @@ def test_the_spot_run_that_checkpointed_last_makes_room_for_an_ondemand_run(tmp_
         assert _wait(launcher, handle, lambda s: s.state.finished, 60)[-1].state is JobState.CANCELLED
 
 
-def test_a_run_stopped_at_its_time_limit_checkpoints_and_is_requeued_but_not_as_a_preemption(tmp_path, launcher):
+@pytest.mark.timeout(420)
+def test_a_run_stopped_at_its_time_limit_checkpoints_and_is_requeued_but_not_as_a_preemption(
+    tmp_path, launcher, slurm_cluster
+):
     """Slurm signals the batch shell `grace` seconds before the limit (--signal=B:TERM@grace): the workers get
-    SIGTERM and checkpoint (srun, signalled itself, killed them), and the run's log says it was the time limit."""
-    request = _request(tmp_path, "limit", seconds=600, grace=50, slurm={"time_limit": "1"}, procs_per_node=1)
-    handle = launcher.submit(launcher.plan(request))
+    SIGTERM and checkpoint (srun, signalled itself, killed them), and the run's log says it was the time limit.
 
-    status = _wait(launcher, handle, lambda s: s.restarts >= 1, 120)[-1]
+    Slurm sends that signal up to a minute early, so a one-minute limit could signal a worker still starting (seen
+    on a busy machine: nothing to checkpoint yet). The job starts with ten minutes, and once its worker runs, its
+    limit is cut to end a minute or two from now."""
+    request = _request(tmp_path, "limit", seconds=600, grace=25, slurm={"time_limit": "10"}, procs_per_node=1)
+    handle = launcher.submit(launcher.plan(request))
+    _wait_for_file("started-rank0-attempt1", request.run_dir, 120)
+    record = slurm_cluster.run("scontrol", "show", "job", "-o", handle.job_id).stdout
+    elapsed_s = _seconds(re.search(r"RunTime=(\S+)", record).group(1))
+    limit = slurm_cluster.run("scontrol", "update", f"JobId={handle.job_id}", f"TimeLimit={elapsed_s // 60 + 2}")
+    assert limit.returncode == 0, limit.stderr
+
+    status = _wait(launcher, handle, lambda s: s.restarts >= 1, 240)[-1]
 
     assert (request.run_dir / "sigterm-rank0-attempt1").exists()  # the emergency checkpoint's turn
     assert "tp: SIGTERM (time_limit)" in launcher.logs(handle)
