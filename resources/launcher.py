@@ -70,7 +70,8 @@ class LauncherResource(dg.ConfigurableResource):
         job = newest_job(run_id, events.read())
         if job is None or not job.unfollowed:
             return None
-        if not follower_gone(context.instance, job):
+        # This run's own job, when its run worker was restarted (Dagster's run monitoring may resume a run).
+        if job.followed_by != context.run_id and not follower_gone(context.instance, job):
             raise LaunchError(
                 f"run {run_id}: its {job.handle.backend} job {job.handle.job_id} is followed by Dagster run "
                 f"{job.followed_by}, which is still in progress; wait for it, or terminate it (`tp cancel`) to stop "

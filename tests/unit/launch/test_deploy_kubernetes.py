@@ -466,3 +466,9 @@ def test_the_dagster_side_shares_one_read_write_many_home():
     assert deployment["podSecurityContext"]["fsGroup"] == 1000
     run_pods = values["runLauncher"]["config"]["k8sRunLauncher"]["runK8sConfig"]["podSpecConfig"]
     assert run_pods["securityContext"]["fsGroup"] == 1000
+
+
+def test_a_run_whose_pod_died_is_marked_failed_so_that_its_job_is_taken_over():
+    values = yaml.safe_load((DEPLOY / "dagster" / "values.yaml").read_text())
+    monitoring = values["dagsterDaemon"]["runMonitoring"]
+    assert monitoring["enabled"] is True and monitoring["maxResumeRunAttempts"] == 0
