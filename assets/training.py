@@ -199,7 +199,8 @@ def _spec_to_launch(
         spec = spec.model_copy(
             update={"resources": spec.resources.model_copy(update={"spot": config.capacity == "spot"})}
         )
-    spec = preflight(spec, home, store_uri)  # the team's defaults filled in: launch what was checked
+    # The team's defaults filled in (a sweep trial in its team's sweep queue): launch what was checked.
+    spec = preflight(spec, home, store_uri, sweep_trial=TrialContext.read(home, run_id) is not None)
     # The one budget gate every entry point passes (tp, the UI, sensors, retrains, resumes, retries, trials):
     # a resume is estimated from the step it resumes at, a reproduction from scratch.
     from_step = 0 if attempt.is_reproduction else resume_step(RunEvents(run_dir).read())

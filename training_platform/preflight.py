@@ -169,13 +169,14 @@ def check_strategy_installed(spec: TrainSpec) -> None:
         )
 
 
-def preflight(spec: TrainSpec, home: PlatformHome, store_uri: str) -> TrainSpec:
-    """Refuse (SpecError) what cannot or may not run; returns the spec with its team's defaults, to launch."""
+def preflight(spec: TrainSpec, home: PlatformHome, store_uri: str, sweep_trial: bool = False) -> TrainSpec:
+    """Refuse (SpecError) what cannot or may not run; returns the spec with its team's defaults, to launch (a
+    `sweep_trial` in its team's sweep queue)."""
     check_no_secrets(spec)
     policy = spec.preemption
     if policy.notice_url and policy.notice_provider != "none":
         check_notice_url(policy.notice_provider, policy.notice_url)
-    spec = resolve_team(spec, home.root)
+    spec = resolve_team(spec, home.root, sweep_trial=sweep_trial)
     check_snapshot(spec, home)
     check_store_writable(store_uri)
     check_entrypoint(spec)

@@ -5,6 +5,10 @@ another namespace, queue, service account, Secret, Slurm account, partition or Q
 declares; it returns the spec with the team's defaults filled in (the namespace, queue and service
 account it runs with on Kubernetes, the account it is charged to on Slurm, its priority), so the
 launchers render exactly what was checked.
+
+A team has two Kueue LocalQueues in one ClusterQueue: its runs' and its sweep trials'. Kueue admits from them by
+their recent usage (admission fair sharing, deploy/kubernetes/kueue/), so a sweep that has used much lately waits
+behind the team's other runs rather than filling its quota first.
 """
 
 from __future__ import annotations
@@ -17,9 +21,14 @@ from training_platform.launch.slurm import SlurmConfig
 from training_platform.spec import TrainSpec
 from training_platform.teams import Team, declared_team
 
+SWEEP_QUEUE = "{team}-sweeps"  # a team's LocalQueue for sweep trials when its teams.yaml entry names none
 
-def resolve_team(spec: TrainSpec, home_root: Path, slurm: SlurmConfig | None = None) -> TrainSpec:
-    """The spec with its team's defaults; a SpecError (one line: field, problem, fix) when it oversteps."""
+
+def resolve_team(
+    spec: TrainSpec, home_root: Path, slurm: SlurmConfig | None = None, sweep_trial: bool = False
+) -> TrainSpec:
+    """The spec with its team's defaults (a `sweep_trial` goes to the team's sweep queue unless it names one); a
+    SpecError (one line: field, problem, fix) when it oversteps."""
     team, path = declared_team(spec.team, home_root)
     where = f"{path} (teams.{spec.team})"
     if team.members and spec.owner not in team.members:
@@ -29,15 +38,16 @@ def resolve_team(spec: TrainSpec, home_root: Path, slurm: SlurmConfig | None = N
     k8s, allowed = spec.kubernetes, team.kubernetes
     namespace = allowed.namespace or spec.team
     queue = allowed.queue or f"{spec.team}-queue"
+    sweep_queue = allowed.sweep_queue or SWEEP_QUEUE.format(team=spec.team)
     _only("kubernetes.namespace", k8s.namespace, [namespace], spec.team, where)
-    _only("kubernetes.queue", k8s.queue, [queue], spec.team, where)
+    _only("kubernetes.queue", k8s.queue, [queue, sweep_queue], spec.team, where)
     accounts = [allowed.service_account] if allowed.service_account else []
     _only("kubernetes.service_account", k8s.service_account, accounts, spec.team, where)
     for ref in k8s.secret_refs:
         _only("kubernetes.secret_refs", ref, allowed.secrets, spec.team, where)
     accounts = [team.slurm.account] if team.slurm.account else []
     _only("slurm.account", spec.slurm.account, accounts, spec.team, where)
-    spec = _with_team_defaults(spec, team, namespace, queue)
+    spec = _with_team_defaults(spec, team, namespace, k8s.queue or (sweep_queue if sweep_trial else queue))
     if spec.backend == "slurm":  # what the launcher derives from resources must be the team's too
         slurm = slurm or SlurmConfig()
         field = "slurm.partition" if spec.slurm.partition else "resources.spot"

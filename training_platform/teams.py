@@ -38,6 +38,11 @@ class KubernetesAllowance(_Strict):
 
     namespace: K8sName | None = Field(None, description="the team's namespace; default: the team name")
     queue: K8sName | None = Field(None, description="the team's Kueue LocalQueue; default: '<team>-queue'")
+    sweep_queue: K8sName | None = Field(
+        None,
+        description="the team's LocalQueue for sweep trials (Kueue admits from the team's queues by their recent "
+        "usage); default: '<team>-sweeps'",
+    )
     service_account: K8sName | None = Field(
         None, description="service account of the team's pods; default: none named (the namespace's default)"
     )
@@ -134,6 +139,7 @@ def _entry(name: str, monthly_usd: float | None) -> str:
     kubernetes:
       namespace: {name}
       queue: {name}-queue
+      sweep_queue: {name}-sweeps  # sweep trials: Kueue admits from the two by their recent usage
       service_account: null  # the namespace's default
       secrets: []            # Secrets a spec may name in kubernetes.secret_refs
     slurm:

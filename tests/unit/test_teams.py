@@ -68,7 +68,7 @@ def test_the_reported_cross_team_spec_is_refused_in_one_line(home):
 @pytest.mark.parametrize(
     ("fields", "field", "offer"),
     [
-        ({"kubernetes": {"queue": "nlp-queue"}}, "kubernetes.queue", "vision-gpus"),
+        ({"kubernetes": {"queue": "nlp-queue"}}, "kubernetes.queue", "vision-gpus, vision-sweeps"),
         ({"kubernetes": {"service_account": "nlp-trainer"}}, "kubernetes.service_account", "vision-trainer"),
         ({"kubernetes": {"secret_refs": ["vision-s3", "nlp-s3-credentials"]}}, "kubernetes.secret_refs", "vision-s3"),
         ({"slurm": {"account": "nlp"}}, "slurm.account", "vision"),
@@ -149,3 +149,14 @@ def test_a_malformed_teams_file_is_refused_naming_the_entry(home):
     (home.root / "teams.yaml").write_text("teams:\n  vision:\n    slurm: {partitions: ['gpu\\ntouch x']}\n")
     with pytest.raises(SpecError, match=r"teams.yaml: teams.vision.slurm.partitions.0: is not allowed"):
         _preflight(home, _spec())
+
+
+def test_a_sweep_trial_goes_to_its_teams_sweep_queue_unless_its_spec_names_one(home):
+    spec = _spec(backend="k8s")
+    assert preflight(spec, home, str(home.checkpoints), sweep_trial=True).kubernetes.queue == "vision-sweeps"
+    assert _preflight(home, spec).kubernetes.queue == "vision-gpus"
+    named = _spec(backend="k8s", kubernetes={"queue": "vision-gpus"})
+    assert preflight(named, home, str(home.checkpoints), sweep_trial=True).kubernetes.queue == "vision-gpus"
+    assert _preflight(home, _spec(backend="k8s", kubernetes={"queue": "vision-sweeps"})).kubernetes.queue == (
+        "vision-sweeps"
+    )

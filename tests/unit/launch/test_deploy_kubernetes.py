@@ -17,7 +17,7 @@ from training_platform.launch.k8s_manifests import KubernetesConfig
 from training_platform.launch.kubernetes import KubernetesLauncher
 from training_platform.shipped import INSTANCE_CONFIG
 from training_platform.spec import parse_spec
-from training_platform.team_policy import resolve_team
+from training_platform.team_policy import SWEEP_QUEUE, resolve_team
 from training_platform.teams import Team, TeamsFile
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -98,6 +98,7 @@ def test_team_queues_share_one_cohort_with_borrowing_and_fair_sharing():
         ]
     )
     assert kueue_config["kind"] == "Configuration" and kueue_config["fairSharing"]["enable"] is True
+    assert kueue_config["admissionFairSharing"]["usageHalfLifeTime"]
 
 
 def test_launcher_defaults_name_objects_that_exist():
@@ -105,7 +106,7 @@ def test_launcher_defaults_name_objects_that_exist():
     cluster_queues = {q["metadata"]["name"] for q in _kind("ClusterQueue")}
     local_queues = {(q["metadata"]["namespace"], q["metadata"]["name"]) for q in _kind("LocalQueue")}
     for namespace, name in local_queues:
-        assert name == config.queue_template.format(team=namespace)
+        assert name in (config.queue_template.format(team=namespace), SWEEP_QUEUE.format(team=namespace))
     assert {q["spec"]["clusterQueue"] for q in _kind("LocalQueue")} <= cluster_queues
     classes = {p["metadata"]["name"]: p["value"] for p in _kind("WorkloadPriorityClass")}
     own = set(config.priority_classes.values())
@@ -339,6 +340,7 @@ def test_team_namespaces_carry_what_the_teams_file_declares():
         assert meta["labels"]["training-platform.io/team"] == name
         annotations = meta["annotations"]
         assert annotations["training-platform.io/queue"] == k8s.queue
+        assert annotations["training-platform.io/sweep-queue"] == k8s.sweep_queue
         assert annotations["training-platform.io/service-account"] == k8s.service_account
         allowed = {key.split("/", 1)[1] for key in annotations if key.startswith("secrets.training-platform.io/")}
         assert allowed == set(k8s.secrets)
@@ -377,22 +379,25 @@ def _admits(policy: dict, obj: dict, namespace: dict, user: str = LAUNCHER) -> l
     return [v["message"] for v in policy["validations"] if not run(v["expression"], activation)]
 
 
-def _rendered(team: str, tmp_path: Path, **fields) -> tuple[dict[str, dict], dict]:
+def _rendered(team: str, tmp_path: Path, sweep_trial: bool = False, **fields) -> tuple[dict[str, dict], dict]:
     teams = tmp_path / "teams.yaml"
     teams.write_text((DEPLOY.parent / "teams.yaml").read_text())
     spec = parse_spec({"name": "resnet", "team": team, "owner": "ada", "backend": "k8s", **fields})
     with pytest.MonkeyPatch.context() as env:
         env.setenv("TP_TEAMS", str(teams))
-        spec = resolve_team(spec, tmp_path)
+        spec = resolve_team(spec, tmp_path, sweep_trial=sweep_trial)
     plan = KubernetesLauncher().plan(RunRequest(spec=spec, run_id="resnet-1", run_dir=tmp_path / "run"))
     objects = {o["kind"]: o for o in yaml.safe_load_all(plan.files["manifests.yaml"])}
     (namespace,) = [n for n in _kind("Namespace") if n["metadata"]["name"] == objects["Job"]["metadata"]["namespace"]]
     return objects, namespace
 
 
+@pytest.mark.parametrize("sweep_trial", [False, True], ids=["run", "sweep-trial"])
 @pytest.mark.parametrize("team", ["vision", "nlp", "research"])
-def test_admission_lets_the_launcher_create_what_it_renders_for_each_team(team, tmp_path):
-    objects, namespace = _rendered(team, tmp_path, kubernetes={"secret_refs": [f"{team}-s3-credentials"]})
+def test_admission_lets_the_launcher_create_what_it_renders_for_each_team(team, sweep_trial, tmp_path):
+    objects, namespace = _rendered(team, tmp_path, sweep_trial, kubernetes={"secret_refs": [f"{team}-s3-credentials"]})
+    queue = objects["Job"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+    assert queue == (f"{team}-sweeps" if sweep_trial else f"{team}-queue")
     assert _admits(_policy("training-launcher-jobs"), objects["Job"], namespace) == []
     for kind in ("Service", "NetworkPolicy"):
         assert _admits(_policy("training-launcher-network"), objects[kind], namespace) == []
@@ -418,6 +423,7 @@ POD = "spec.template.spec"
         (f"{POD}.containers.0.envFrom", [{"secretRef": {"name": "nlp-s3-credentials"}}], "only the Secrets"),
         (f"{POD}.serviceAccountName", "nlp-trainer", "its namespace's service account"),
         ("metadata.labels", {"kueue.x-k8s.io/queue-name": "nlp-queue"}, "its namespace's LocalQueue"),
+        ("metadata.labels", {"kueue.x-k8s.io/queue-name": "nlp-sweeps"}, "its namespace's LocalQueue"),
         (f"{POD}.automountServiceAccountToken", True, "no service account token"),
         (f"{POD}.volumes", [{"name": "s", "secret": {"secretName": "vision-s3-credentials"}}], "no Secret"),
         (
@@ -472,3 +478,18 @@ def test_a_run_whose_pod_died_is_marked_failed_so_that_its_job_is_taken_over():
     values = yaml.safe_load((DEPLOY / "dagster" / "values.yaml").read_text())
     monitoring = values["dagsterDaemon"]["runMonitoring"]
     assert monitoring["enabled"] is True and monitoring["maxResumeRunAttempts"] == 0
+
+
+def test_each_team_admits_from_its_runs_and_sweeps_queues_by_recent_usage():
+    """Admission fair sharing: within a team's ClusterQueue, the LocalQueue that used least lately goes first."""
+    cluster_queues = {q["metadata"]["name"]: q["spec"] for q in _kind("ClusterQueue")}
+    for team in _teams().values():
+        k8s = team.kubernetes
+        queues = {
+            q["metadata"]["name"]: q["spec"]["clusterQueue"]
+            for q in _kind("LocalQueue")
+            if q["metadata"]["namespace"] == k8s.namespace
+        }
+        assert set(queues) == {k8s.queue, k8s.sweep_queue} and len(set(queues.values())) == 1
+        scope = cluster_queues[queues[k8s.queue]]["admissionScope"]
+        assert scope["admissionMode"] == "UsageBasedAdmissionFairSharing"
