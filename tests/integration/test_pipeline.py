@@ -1,5 +1,6 @@
 """The whole pipeline through the `tp` command line and the platform server: real Dagster, MLflow, torchrun and GX."""
 
+import os
 from pathlib import Path
 
 import dagster as dg
@@ -61,8 +62,14 @@ def test_mlflow_run_has_required_tags_metrics_and_champion(demo):
     champion = client.get_model_version_by_alias(demo["model_name"], CHAMPION_ALIAS)
     assert str(champion.version) == "1"
     # The model names what it needs to load, pinned to what trained it (not everything the process imported).
+    # mlflow.set_tracking_uri also sets MLFLOW_TRACKING_URI in this process: put it back, or the later tests of this
+    # test worker would track into this module's store (seen: a run "not found" in its own home's).
+    previous = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(demo["tracking_uri"])
-    requirements = Path(mlflow.pyfunc.get_model_dependencies(f"models:/{demo['model_name']}/1")).read_text()
+    try:
+        requirements = Path(mlflow.pyfunc.get_model_dependencies(f"models:/{demo['model_name']}/1")).read_text()
+    finally:
+        mlflow.set_tracking_uri(previous)
     assert requirements.split() == model_requirements()
     assert f"torch=={torch.__version__.split('+')[0]}" in requirements.split()  # installable from PyPI
     assert "lightning" not in requirements and "transformers" not in requirements

@@ -108,3 +108,6 @@ def test_a_killed_agent_takes_every_process_of_its_slurm_job_with_it(tmp_path, s
     finally:
         with contextlib.suppress(LaunchError):  # a job already ended
             launcher.cancel(handle)
+        for process in _processes_of(handle.job_id):  # what a failed check found alive trains on otherwise
+            with contextlib.suppress(psutil.Error):
+                process.kill()
