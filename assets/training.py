@@ -76,18 +76,18 @@ def training_run(
         if attempt.is_reproduction
         else launcher.job_to_take_over(context, run_dir, run_id, report_ended=FOLLOW_TAG in context.run.tags)
     )
+    trial = TrialContext.read(home, run_id)  # set when this run is a sweep trial
     if take_over is not None:
         # What the job trains: resolved, checked and within budget when it was launched.
         launched = json.loads(RunRequest.spec_file(run_dir).read_text())
         spec = parse_spec(launched, source=f"run {run_id}'s launched spec")
         store_uri = spec.checkpoint.store_uri
     else:
-        spec, store_uri = _spec_to_launch(context, config, platform, attempt)
+        spec, store_uri = _spec_to_launch(context, config, platform, attempt, sweep_trial=trial is not None)
 
     lineage = LineageKey.of(spec)
     tracking_uri = platform.mlflow_uri()
     tags = tracking.run_tags(spec, lineage, context.run_id, run_id)
-    trial = TrialContext.read(home, run_id)  # set when this run is a sweep trial
     tags.update(trial.mlflow_tags() if trial else {})
     if take_over is not None and take_over.mlflow_run_id:
         mlflow_run_id = take_over.mlflow_run_id  # the job logs there
@@ -171,10 +171,15 @@ def training_run(
 
 
 def _spec_to_launch(
-    context: dg.AssetExecutionContext, config: TrainingRunConfig, platform: PlatformResource, attempt: Attempt
+    context: dg.AssetExecutionContext,
+    config: TrainingRunConfig,
+    platform: PlatformResource,
+    attempt: Attempt,
+    sweep_trial: bool,
 ) -> tuple[TrainSpec, str]:
     """The spec a new job runs: the run's (its original's, for a reproduction) with its snapshot resolved, the
-    run config's overrides and the team's defaults, checked against the team's budget; and its store's URI."""
+    run config's overrides and the team's defaults (a sweep trial's queue), checked against the team's budget; and
+    its store's URI."""
     home = platform.paths()
     run_id = context.partition_key
     run_dir = home.run_dir(run_id)
@@ -200,7 +205,7 @@ def _spec_to_launch(
             update={"resources": spec.resources.model_copy(update={"spot": config.capacity == "spot"})}
         )
     # The team's defaults filled in (a sweep trial in its team's sweep queue): launch what was checked.
-    spec = preflight(spec, home, store_uri, sweep_trial=TrialContext.read(home, run_id) is not None)
+    spec = preflight(spec, home, store_uri, sweep_trial=sweep_trial)
     # The one budget gate every entry point passes (tp, the UI, sensors, retrains, resumes, retries, trials):
     # a resume is estimated from the step it resumes at, a reproduction from scratch.
     from_step = 0 if attempt.is_reproduction else resume_step(RunEvents(run_dir).read())

@@ -21,7 +21,7 @@ from resources.pipes_reader import PipesJsonLinesReader
 from training_platform.errors import LaunchError, PlatformError
 from training_platform.following import FOLLOWED, JOB_ENDED, SUBMITTED, FollowedJob, Follower, newest_job
 from training_platform.launch import JobHandle, JobState, JobStatus, Launcher, RunRequest
-from training_platform.launch.base import keeps_preempted_jobs, run_files_store
+from training_platform.launch.base import gone_after_preemption, keeps_preempted_jobs, run_files_store
 from training_platform.launch.registry import launcher_for
 from training_platform.requeue import follow_requeued
 from training_platform.run_files import ATTEMPT_ENV, PIPES_MESSAGES_FILE, RunFilesPuller
@@ -79,7 +79,7 @@ class LauncherResource(dg.ConfigurableResource):
             )
         launcher = self.launcher_for(job.handle.backend)
         status = launcher.status(job.handle)
-        gone = status.state == JobState.PREEMPTED and not keeps_preempted_jobs(launcher)  # resumed by a new job
+        gone = gone_after_preemption(launcher, status)
         live = not status.state.finished and not gone
         if live or status.state == JobState.SUCCEEDED or (report_ended and not gone):
             context.log.warning(

@@ -28,7 +28,7 @@ from training_platform.cost.charges import attempt_key, settle_spans
 from training_platform.errors import PlatformError
 from training_platform.following import FollowedJob, newest_job
 from training_platform.launch import JobState, JobStatus
-from training_platform.launch.base import keeps_preempted_jobs
+from training_platform.launch.base import gone_after_preemption, keeps_preempted_jobs
 from training_platform.paths import PlatformHome
 from training_platform.preemption import PreemptionSummary, Recovery, deadline_risk, decide, progress_of, summarize
 from training_platform.requeue import follow_requeued
@@ -153,8 +153,8 @@ def _recover(
         )
     elif decision.action == Recovery.GIVE_UP:
         context.log.warning(f"{run_id}: not resumed: {decision.reason}")
-    gone = status.state == JobState.PREEMPTED and not keeps_preempted_jobs(backend)  # resumed above instead
-    if job.left_behind and not gone and follower_gone(context.instance, job):
+    # A preempted job that is gone was resumed above instead.
+    if job.left_behind and not gone_after_preemption(backend, status) and follower_gone(context.instance, job):
         yield from _take_over(context, run_id, job, status, spec)
 
 

@@ -3,9 +3,7 @@
 import dagster as dg
 import pytest
 
-from definitions import defs
-from sensors.run_status import training_failure_sensor
-from tests.fixtures.materialize import materialize_partition
+from tests.fixtures.materialize import failure_requests, materialize_partition
 from training_platform.datasets import build_snapshot
 from training_platform.paths import PlatformHome
 from training_platform.runs import register_run
@@ -32,18 +30,6 @@ def _fail(instance, home: PlatformHome, run_id: str, spec, tags: dict | None = N
     return result
 
 
-def _tick(instance, result) -> list[dg.RunRequest]:
-    """The failure sensor's evaluation of one run's failure."""
-    context = dg.build_run_status_sensor_context(
-        sensor_name="training_failure_sensor",
-        dagster_event=result.get_run_failure_event(),
-        dagster_instance=instance,
-        dagster_run=instance.get_run_by_id(result.run_id),
-        resources=defs.resources,
-    ).for_run_failure()
-    return [r for r in (training_failure_sensor(context) or []) if isinstance(r, dg.RunRequest)]
-
-
 def _spec(**fields):
     return parse_spec({"name": "doomed", "team": "qa", "owner": "ci", **fields})
 
@@ -56,14 +42,14 @@ def test_failed_run_is_retried_within_its_policy_then_reported(home):
     )
     with dg.DagsterInstance.get() as instance:
         first = _fail(instance, home, "doomed-1", spec)
-        (retry,) = _tick(instance, first)
+        (retry,) = failure_requests(instance, first)
         assert retry.partition_key == "doomed-1" and retry.tags["tp/retry_of"] == first.run_id
         assert "FAILED" in retry.tags["tp/reason"]
         again = _fail(instance, home, "doomed-1", spec, tags=retry.tags)  # the retry fails the same way
-        assert _tick(instance, again) == []  # retry_failures: 1 is used up: reported, not retried again
+        assert failure_requests(instance, again) == []  # retry_failures: 1 is used up: reported, not retried again
 
 
 def test_bad_input_is_reported_and_never_retried(home):
     spec = _spec(dataset={"snapshot_id": "0" * 64}, preemption={"retry_failures": 3})
     with dg.DagsterInstance.get() as instance:
-        assert _tick(instance, _fail(instance, home, "bad-1", spec)) == []
+        assert failure_requests(instance, _fail(instance, home, "bad-1", spec)) == []

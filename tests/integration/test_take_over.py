@@ -11,9 +11,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from definitions import defs
-from sensors.run_status import training_failure_sensor
 from tests.fixtures.materialize import (
+    failure_requests,
     materialize_in_subprocess,
     materialize_partition,
     preemption_requests,
@@ -38,17 +37,6 @@ def _job_training(run_dir: Path) -> int | None:
     if submitted and any(e["kind"] == "progress" and e["step"] >= 20 for e in events):
         return int(submitted[-1]["job_id"].split(":")[0])
     return None
-
-
-def _failure_tick(instance, result) -> list[dg.RunRequest]:
-    context = dg.build_run_status_sensor_context(
-        sensor_name="training_failure_sensor",
-        dagster_event=result.get_run_failure_event(),
-        dagster_instance=instance,
-        dagster_run=instance.get_run_by_id(result.run_id),
-        resources=defs.resources,
-    ).for_run_failure()
-    return [r for r in (training_failure_sensor(context) or []) if isinstance(r, dg.RunRequest)]
 
 
 def test_a_job_whose_dagster_run_died_is_taken_over_and_materialized_without_training_again(instance, tmp_path):
@@ -83,7 +71,7 @@ def test_a_job_whose_dagster_run_died_is_taken_over_and_materialized_without_tra
         assert not refused.success
         message = step_failure_message(refused)
         assert first_run.run_id in message and "still in progress" in message
-        assert _failure_tick(instance, refused) == []
+        assert failure_requests(instance, refused) == []
         assert preemption_requests(instance) == []  # nobody takes over a job that is followed
 
         first.kill()  # the OOM killer's pick: no handler runs

@@ -142,6 +142,11 @@ class Launcher(Protocol):
         ...
 
 
+def gone_after_preemption(launcher: Launcher, status: JobStatus) -> bool:
+    """A preempted job the engine does not keep: a new job resumes the run (the preemption sensor submits it)."""
+    return status.state == JobState.PREEMPTED and not keeps_preempted_jobs(launcher)
+
+
 def keeps_preempted_jobs(launcher: Launcher) -> bool:
     """Whether the engine keeps a preempted job and runs it again itself (Kueue requeues an evicted Job): then the
     platform follows the job instead of resubmitting it. A launcher says so with `keeps_preempted_jobs = True`."""

@@ -21,7 +21,8 @@ import signal
 
 import psutil
 
-PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
+from training_platform.launch.standby import PR_SET_PDEATHSIG
+
 GUARD_SIGNAL = signal.SIGHUP
 
 

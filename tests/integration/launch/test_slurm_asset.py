@@ -21,17 +21,12 @@ from training_platform.spec import parse_spec
 SLURM_WAIT_SECONDS = 240  # a preemption and requeue through slurmctld's scheduling cycle
 RESTART_BOUND_S = 45  # from the emergency checkpoint to the next attempt; Slurm alone would hold it 120 s
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-@pytest.fixture
-def instance(tmp_path, monkeypatch, slurm_cluster):
-    monkeypatch.setenv("TP_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
-    monkeypatch.setenv("SLURM_CONF", slurm_cluster.slurm_conf)
-    (tmp_path / "dagster").mkdir()
-    with dg.DagsterInstance.get() as instance:
-        yield instance
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.usefixtures("slurm_conf"),  # with the `instance` fixture: the run's home and Dagster, on the cluster
+]
 
 
 def _materialize(instance, run_id: str, backend: str):

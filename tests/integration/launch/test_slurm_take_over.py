@@ -20,17 +20,12 @@ from training_platform.submission import FOLLOW_TAG, LEFT_JOB_TAG
 SLURM_WAIT_SECONDS = 240
 SELECTION = ["training_run", "checkpoints"]
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-@pytest.fixture
-def instance(tmp_path, monkeypatch, slurm_cluster):
-    monkeypatch.setenv("TP_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
-    monkeypatch.setenv("SLURM_CONF", slurm_cluster.slurm_conf)
-    (tmp_path / "dagster").mkdir()
-    with dg.DagsterInstance.get() as instance:
-        yield instance
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.usefixtures("slurm_conf"),  # with the `instance` fixture: the run's home and Dagster, on the cluster
+]
 
 
 def test_a_slurm_job_that_finished_after_its_dagster_run_died_is_materialized_by_a_run_taking_it_over(
