@@ -129,8 +129,9 @@ def our_save(state, root: Path) -> float:
 
 def our_restore(root: Path) -> float:
     store = open_store(root)
-    for path in (root / "chunks").iterdir():
-        evict(path)
+    for path in root.rglob("*"):  # chunks, packs and manifests
+        if path.is_file():
+            evict(path)
     start = time.perf_counter()
     restored = store.restore_latest("bench")
     elapsed = time.perf_counter() - start

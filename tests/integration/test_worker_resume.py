@@ -14,6 +14,7 @@ import pytest
 from tests.fixtures.worker import job_pid, launch, train, wait, wait_for_step, wait_until
 from training_platform.checkpoints import CheckpointManifest, CheckpointStore, open_store
 from training_platform.checkpoints.interval import FIRST_AUTO_STEPS
+from training_platform.checkpoints.layout import pack_key
 from training_platform.checkpoints.writer import publish
 from training_platform.datasets import build_snapshot
 from training_platform.launch import JobState, standby
@@ -115,9 +116,11 @@ def test_a_run_whose_checkpoints_all_fail_to_restore_fails_and_changes_nothing(h
     """Issue 26: it used to start over at step 0, and its retention then pruned the damaged progress."""
     train(home, "damaged", _spec(home, max_steps=40))
     store = open_store(home / "checkpoints")
-    for manifest in store.list("damaged"):  # each skeleton holds its own step: a chunk of its own
-        chunk = home / "checkpoints" / "chunks" / manifest.skeleton.digest
-        chunk.write_bytes(bytes(chunk.stat().st_size))
+    for manifest in store.list("damaged"):  # each skeleton holds its own step: a chunk of its own, zeroed
+        skeleton = manifest.skeleton
+        with open(home / "checkpoints" / pack_key(skeleton.pack), "r+b") as pack:
+            pack.seek(skeleton.offset)
+            pack.write(bytes(skeleton.size))
     manifests = {p.name: p.read_bytes() for p in (home / "checkpoints" / "runs" / "damaged").iterdir()}
     (home / "runs" / "damaged" / "result.json").unlink()
 

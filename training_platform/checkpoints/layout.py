@@ -1,13 +1,15 @@
 """Where things live under a store root; every key is validated before use.
 
 chunks/<digest>                          content-addressed bytes (shared by all runs)
+packs/<pack id>                          several chunks in one file, as one save wrote them (packs.py)
+packs/<pack id>.json                     that pack's index: each chunk's digest, size and offset
 runs/<run_id>/<step:012d>.json           manifests, written last
 pins/<run_id>/<step:012d>/<reason>.json  references that retention must keep
 removed/<run_id>/<step:012d>.json        chunk lists of manifests retention or tiering removed, so GC
                                          can say which run the bytes it frees came from (no reference)
 leases/<id>.json                         saves in progress: chunks GC must not delete
 quarantine/<digest>.<id>                 chunks that failed their hash on read, kept for inspection
-trash/<digest>.<time>-<gc id>            chunks a GC set aside: deleted, or put back when a lease or manifest
+trash/<name>.<time>-<gc id>              chunks and packs a GC set aside: deleted, or put back when a lease or manifest
                                          read after the move names them (retention.py)
 clock/<id>.probe                         written and deleted by GC to read the storage's clock
 tiers/cold.json                          the cold tier's URI, so every reader of the store finds it
@@ -23,9 +25,31 @@ from training_platform.checkpoints.storage import validate_key
 
 
 def chunk_key(digest: str) -> str:
-    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+    if not is_object_name(digest):
         raise ValueError(f"invalid chunk digest {digest!r}")
     return f"chunks/{digest}"
+
+
+def pack_key(pack_id: str) -> str:
+    if not is_object_name(pack_id):
+        raise ValueError(f"invalid pack id {pack_id!r}")
+    return f"packs/{pack_id}"
+
+
+def pack_index_key(pack_id: str) -> str:
+    return f"{pack_key(pack_id)}.json"
+
+
+def pack_of_index_key(key: str) -> str | None:
+    """The pack an index key names (None for another key under packs/)."""
+    name = key.rsplit("/", 1)[-1]
+    stem = name.removesuffix(".json")
+    return stem if name.endswith(".json") and is_object_name(stem) else None
+
+
+def is_object_name(name: str) -> bool:
+    """A chunk digest or a pack id: 64 lowercase hex digits."""
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
 
 
 def quarantine_key(digest: str) -> str:

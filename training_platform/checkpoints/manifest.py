@@ -8,27 +8,36 @@ just like an edited chunk.
 Chunks are named by their BLAKE3 hash since format 3: every save hashes the whole state, and
 BLAKE3 does it about six times faster than sha256 on one core (both 256-bit). Format 2 named
 them by sha256; its manifests still read, verify and restore unchanged.
+
+Since format 4 a chunk may live in a pack (several chunks in one file, packs.py): its reference
+names the pack and the offset there. The digest stays the chunk's identity: a reader that does not
+find the pack looks for the chunk on its own.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
 import blake3
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_serializer, model_validator
 
+from training_platform.checkpoints.layout import is_object_name
 from training_platform.errors import CheckpointError
 
-FORMAT_VERSION = 3
-READABLE_FORMATS = (2, 3)
+FORMAT_VERSION = 4
+READABLE_FORMATS = (2, 3, 4)
+UNPACKED_FORMAT = 3
+"""what a manifest naming no pack is written as, so that builds from before packs read it"""
 
 ChunkHash = Literal["blake3", "sha256"]
 CHUNK_HASH: ChunkHash = "blake3"
 
 MAX_CHUNK_BYTES = 1 << 30
+MAX_PACK_BYTES = 1 << 40
 """No chunk is larger (the writer cuts 64 MiB pieces): a manifest's sizes are checked against it
 when it is parsed, before a reader allocates anything for them."""
 
@@ -40,15 +49,18 @@ def chunk_digest(data: bytes | memoryview, algorithm: ChunkHash = CHUNK_HASH) ->
 
 
 class ChunkRef(BaseModel):
-    """One stored object under ``chunks/<digest>``, named by the hash of its bytes.
+    """Bytes named by their hash: the object ``chunks/<digest>``, or `size` bytes at `offset` in ``packs/<pack>``.
 
-    Stored as ``{"blake3": <hex>, "size": n}``; a format-2 reference reads from and writes back
-    to ``{"sha256": <hex>, "size": n}``, so an old manifest's own hash still verifies.
+    Stored as ``{"blake3": <hex>, "size": n}`` (plus ``"pack"`` and ``"offset"`` when packed); a
+    format-2 reference reads from and writes back to ``{"sha256": <hex>, "size": n}``, so an old
+    manifest's own hash still verifies.
     """
 
     digest: str
     size: int
     algorithm: ChunkHash = CHUNK_HASH
+    pack: str | None = None
+    offset: int = 0
 
     @model_validator(mode="before")
     @classmethod
@@ -71,12 +83,29 @@ class ChunkRef(BaseModel):
             )
         return size
 
+    @model_validator(mode="after")
+    def _valid_location(self) -> ChunkRef:
+        if self.pack is not None and not is_object_name(self.pack):
+            raise ValueError(f"pack id {self.pack!r} is not 64 hex digits: the manifest is damaged or crafted")
+        if not 0 <= self.offset <= MAX_PACK_BYTES:
+            raise ValueError(f"chunk offset {self.offset} is outside 0..{MAX_PACK_BYTES}: the manifest is damaged")
+        return self
+
     @model_serializer
     def _to_stored(self) -> dict[str, str | int]:
-        return {self.algorithm: self.digest, "size": self.size}
+        stored: dict[str, str | int] = {self.algorithm: self.digest, "size": self.size}
+        if self.pack is not None:
+            stored |= {"pack": self.pack, "offset": self.offset}
+        return stored
 
     def matches(self, data: bytes | memoryview) -> bool:
         return len(data) == self.size and chunk_digest(data, self.algorithm) == self.digest
+
+
+def stored_names(refs: Iterable[ChunkRef]) -> set[str]:
+    """What GC keeps for these references: each chunk's digest, and the pack it is read from (GC keeps a
+    pack that a reference locates a chunk in, and a chunk on its own that a digest names)."""
+    return {ref.digest for ref in refs} | {ref.pack for ref in refs if ref.pack is not None}
 
 
 class TensorRef(BaseModel):
@@ -142,8 +171,16 @@ class CheckpointManifest(BaseModel):
         refs = [self.skeleton] if self.skeleton else []
         refs += [chunk for tensor in self.tensors for chunk in tensor.chunks]
         refs += [chunk for file in self.files.values() for chunk in file.chunks]
-        unique = {ref.digest: ref for ref in refs}  # packs are shared by several tensors
+        unique: dict[str, ChunkRef] = {}
+        for ref in refs:  # a chunk of small tensors is shared by several; a located reference wins
+            if ref.digest not in unique or unique[ref.digest].pack is None:
+                unique[ref.digest] = ref
         return list(unique.values())
+
+    def with_format(self) -> CheckpointManifest:
+        """This manifest at the oldest format that can say what it holds (before it is sealed)."""
+        packed = any(ref.pack is not None for ref in self.chunks)
+        return self.model_copy(update={"format_version": FORMAT_VERSION if packed else UNPACKED_FORMAT})
 
     @property
     def total_bytes(self) -> int:

@@ -36,11 +36,16 @@ from training_platform.checkpoints.layout import (
     TRASH,
     chunk_key,
     clock_probe_key,
+    is_object_name,
+    pack_index_key,
+    pack_key,
+    pack_of_index_key,
     parse_trash_key,
     step_of_manifest_key,
     trash_key,
 )
-from training_platform.checkpoints.manifest import CheckpointManifest, parse_manifest
+from training_platform.checkpoints.manifest import CheckpointManifest, parse_manifest, stored_names
+from training_platform.checkpoints.packs import PACKS, read_pack_index
 from training_platform.checkpoints.removed import Removals
 from training_platform.checkpoints.storage import Storage
 from training_platform.checkpoints.writer import MIN_SETTLE_SECONDS
@@ -192,7 +197,7 @@ class _References:
             except FileNotFoundError:
                 continue
             try:
-                self._by_key[key] = {ref.digest for ref in parse_manifest(raw).chunks}
+                self._by_key[key] = stored_names(parse_manifest(raw).chunks)
             except (CheckpointError, ValueError) as exc:
                 self._by_key[key] = named_chunks(raw)
                 _skip(self.report, f"{self.storage.uri}/{key}", f"manifest is unreadable ({exc})")
@@ -243,44 +248,95 @@ def storage_now(storage: Storage) -> float:
     return info.modified
 
 
-def _set_aside(storage: Storage, digest: str, target: str, old_before: float) -> Literal["aside", "gone", "young"]:
+@dataclass(frozen=True)
+class _Stored:
+    """What GC keeps or takes whole: a chunk on its own, or a pack. A chunk is kept while a manifest or lease
+    names its digest, a pack while one names the pack (a reference that locates a chunk there: another copy
+    of the same bytes, in another pack or on its own, does not keep it)."""
+
+    key: str
+    name: str
+    """its digest or the pack's id: what names it, and its name in trash/"""
+    size: int
+    chunks: frozenset[str]
+    """the digests of the chunks it holds: which runs' removals it settles"""
+
+
+def _listed(storage: Storage) -> list[tuple[_Stored, float]]:
+    """Every chunk and pack on the tier, with its modification time."""
+    listed = []
+    for info in storage.list_info("chunks"):
+        digest = info.key.rsplit("/", 1)[-1]
+        listed.append((_Stored(info.key, digest, info.size, frozenset([digest])), info.modified))
+    for info in storage.list_info(PACKS):
+        pack_id = info.key.rsplit("/", 1)[-1]
+        if not is_object_name(pack_id):
+            continue  # an index: it goes with its pack
+        try:
+            chunks = frozenset(ref.digest for ref in read_pack_index(storage, pack_id))
+        except (FileNotFoundError, ValueError):  # a save that died before the index; a damaged index
+            chunks = frozenset()
+        listed.append((_Stored(info.key, pack_id, info.size, chunks), info.modified))
+    return listed
+
+
+def _set_aside(storage: Storage, stored: _Stored, target: str, old_before: float) -> Literal["aside", "gone", "young"]:
     """Move a candidate to trash/ unless it is gone or was written since it was listed."""
-    info = storage.stat(chunk_key(digest))
+    info = storage.stat(stored.key)
     if info is None:
         return "gone"
     if info.modified > old_before:  # as the listing judges age: a chunk written at the cutoff is old
         return "young"
     try:
-        storage.move(chunk_key(digest), target)
+        storage.move(stored.key, target)
     except FileNotFoundError:
         return "gone"
     return "aside"
 
 
-def _put_back(storage: Storage, key: str, digest: str, report: GcReport) -> None:
+def _put_back(storage: Storage, key: str, original: str, report: GcReport) -> None:
     # A save may have written the chunk anew meanwhile: the same bytes, so overwriting is harmless.
-    storage.move(key, chunk_key(digest))
+    storage.move(key, original)
     report.put_back_chunks += 1
     report.kept_chunks += 1
-    log.info("GC of %s put chunk %s back: a lease or manifest names it", storage.uri, digest)
+    log.info("GC of %s put %s back: a lease or manifest names it", storage.uri, original)
+
+
+def _delete_aside(storage: Storage, key: str, original: str) -> None:
+    """Delete what was set aside from ORIGINAL; a pack's index goes after the pack (an index names no bytes
+    that are gone), unless the pack is back in its place (put back by another GC)."""
+    storage.delete(key)
+    if original.startswith(f"{PACKS}/") and not storage.exists(original):
+        storage.delete(pack_index_key(original.rsplit("/", 1)[-1]))
 
 
 def _settle_left_aside(storage: Storage, now: float, referenced: set[str], report: GcReport) -> None:
     """Finish what a GC that died between setting chunks aside and deleting them left in trash/."""
     for key in storage.list(TRASH):
-        digest, when = parse_trash_key(key)
-        if not _CHUNK_NAME.fullmatch(digest.encode()):
+        name, when = parse_trash_key(key)
+        if not is_object_name(name):
             continue  # not put there by a GC
         if when is not None and now - when < STALE_TRASH_SECONDS:
             continue  # a GC at work may still put it back
-        if digest in referenced and not storage.exists(chunk_key(digest)):
-            _put_back(storage, key, digest, report)
+        original = pack_key(name) if storage.exists(pack_index_key(name)) else chunk_key(name)
+        if name in referenced and not storage.exists(original):
+            _put_back(storage, key, original, report)
         else:
-            storage.delete(key)
+            _delete_aside(storage, key, original)
+
+
+def _drop_orphan_indexes(storage: Storage, old_before: float) -> None:
+    """Indexes whose pack is gone (a GC that died between the two deletes), once old."""
+    listed = storage.list_info(PACKS)
+    present = {info.key.rsplit("/", 1)[-1] for info in listed} | {parse_trash_key(k)[0] for k in storage.list(TRASH)}
+    for info in listed:
+        pack_id = pack_of_index_key(info.key)
+        if pack_id is not None and pack_id not in present and info.modified <= old_before:
+            storage.delete(info.key)
 
 
 def collect_garbage(storage: Storage, grace_seconds: float = 3600.0, *, dry_run: bool = False) -> GcReport:
-    """Delete unreferenced chunks older than `grace_seconds` from one storage tier.
+    """Delete unreferenced chunks and packs older than `grace_seconds` from one storage tier.
 
     `dry_run`: delete nothing; the report says what would have been freed.
     """
@@ -293,22 +349,24 @@ def collect_garbage(storage: Storage, grace_seconds: float = 3600.0, *, dry_run:
         """Every chunk a lease or manifest names now (leases first: see the module docstring)."""
         return _leased(storage, now, report) | references.refresh()
 
+    def run_of(stored: _Stored) -> str:
+        return next((removals.run_of[d] for d in sorted(stored.chunks) if d in removals.run_of), UNATTRIBUTED)
+
     referenced = named()
-    candidates = []
+    candidates: list[_Stored] = []
     young: set[str] = set()
-    for info in storage.list_info("chunks"):
-        report.stored_bytes += info.size
-        digest = info.key.rsplit("/", 1)[-1]
-        if digest in referenced:
+    for stored, modified in _listed(storage):
+        report.stored_bytes += stored.size
+        if stored.name in referenced:
             report.kept_chunks += 1
-        elif now - info.modified < grace_seconds:
+        elif now - modified < grace_seconds:
             report.young_chunks += 1
-            young.add(digest)
+            young |= stored.chunks
         else:
-            candidates.append((digest, info.size))
+            candidates.append(stored)
     if dry_run:
-        for digest, size in candidates:
-            report.freed(digest, size, removals.run_of.get(digest, UNATTRIBUTED))
+        for stored in candidates:
+            report.freed(stored.name, stored.size, run_of(stored))
         return report
     _settle_left_aside(storage, now, referenced, report)
     gc_id, started = uuid.uuid4().hex[:12], time.monotonic()
@@ -318,27 +376,27 @@ def collect_garbage(storage: Storage, grace_seconds: float = 3600.0, *, dry_run:
         protected = named()
         # Re-reading took longer than the window (a slow store): nothing may be taken this round.
         idle_rounds = idle_rounds + 1 if time.monotonic() - leases_read_at >= GC_DELETE_WINDOW_SECONDS else 0
-        aside: dict[str, tuple[str, int]] = {}
+        aside: list[tuple[_Stored, str]] = []
         while candidates and time.monotonic() - leases_read_at < GC_DELETE_WINDOW_SECONDS:
-            digest, size = candidates.pop()
-            if digest in protected:
+            stored = candidates.pop()
+            if stored.name in protected:
                 report.kept_chunks += 1
                 continue
-            target = trash_key(digest, now + time.monotonic() - started, gc_id)
-            taken = _set_aside(storage, digest, target, now - grace_seconds)
+            target = trash_key(stored.name, now + time.monotonic() - started, gc_id)
+            taken = _set_aside(storage, stored, target, now - grace_seconds)
             if taken == "aside":
-                aside[digest] = (target, size)
+                aside.append((stored, target))
             elif taken == "young":
                 report.young_chunks += 1
-                young.add(digest)
+                young |= stored.chunks
         if aside:
             named_now = named()
-            for digest, (target, size) in aside.items():
-                if digest in named_now:
-                    _put_back(storage, target, digest, report)
+            for stored, target in aside:
+                if stored.name in named_now:
+                    _put_back(storage, target, stored.key, report)
                 else:
-                    storage.delete(target)
-                    report.freed(digest, size, removals.run_of.get(digest, UNATTRIBUTED))
+                    _delete_aside(storage, target, stored.key)
+                    report.freed(stored.name, stored.size, run_of(stored))
     if candidates:
         report.postponed_chunks = len(candidates)
         log.warning(
@@ -347,7 +405,8 @@ def collect_garbage(storage: Storage, grace_seconds: float = 3600.0, *, dry_run:
             len(candidates),
             GC_DELETE_WINDOW_SECONDS,
         )
-    removals.drop_settled(young | {digest for digest, _ in candidates})
+    removals.drop_settled(young | {digest for stored in candidates for digest in stored.chunks})
+    _drop_orphan_indexes(storage, now - grace_seconds)
     if hasattr(storage, "remove_stale_temporaries"):
         # Not the chunk grace: a temporary may belong to a put in progress right now.
         storage.remove_stale_temporaries(STALE_TEMPORARY_SECONDS, now=now)

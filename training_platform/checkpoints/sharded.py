@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from training_platform.checkpoints.dcp_chunks import ChunkedFiles, StoredFiles
 from training_platform.checkpoints.dcp_safe import SafeFileSystemReader, SafeLoadPlanner
-from training_platform.checkpoints.manifest import CheckpointManifest, SaveRecord
+from training_platform.checkpoints.manifest import CheckpointManifest, SaveRecord, stored_names
 from training_platform.checkpoints.pacing import Pacer
 from training_platform.checkpoints.reader import ChunkReader
 from training_platform.checkpoints.serialization import flatten_state, tensor_blob
@@ -87,17 +87,21 @@ def save_sharded(
     try:
         # A failure here (the store's, while DCP writes) is DCP's to tell every rank: dcp.save raises on all.
         dcp.save(state_dict, storage_writer=files.writer(), process_group=process_group)
-    except dcp.CheckpointException as exc:
-        raise CheckpointError(f"checkpoint step {step} was not written: {_first_failure(exc)}") from exc
-    finally:
+    except BaseException as exc:
         files.close()
+        files.sink.abort()
+        if isinstance(exc, dcp.CheckpointException):
+            raise CheckpointError(f"checkpoint step {step} was not written: {_first_failure(exc)}") from exc
+        raise
+    files.close()
     try:
+        files.sink.close()  # seals the packs the DCP files' chunks went to
         # Rank 0's weights, and (on every rank) the sync that makes the DCP files' chunks durable too.
         written = write_chunks(store.storage, skeleton=skeleton, blobs=blobs, pacer=pacer, stats=stats)
-        digests = {ref.digest for ref in files.files.values() for ref in ref.chunks}
-        digests |= {ref.digest for ref in written.tensors for ref in ref.chunks}
-        digests |= {written.skeleton.digest} if written.skeleton else set()
-        lease = protect_reused(store.storage, run_id, step, digests, stats, store.lease_settle_seconds)
+        refs = [ref for file in files.files.values() for ref in file.chunks]
+        refs += [ref for tensor in written.tensors for ref in tensor.chunks]
+        refs += [written.skeleton] if written.skeleton else []
+        lease = protect_reused(store.storage, run_id, step, stored_names(refs), stats, store.lease_settle_seconds)
         # Waiting, not work: the lease's settle and the pace (`every_steps: auto` reads the save's cost).
         waited = pacer.idle_seconds + (settle_seconds(store.lease_settle_seconds) if lease else 0.0)
         part = {

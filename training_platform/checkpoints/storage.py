@@ -6,6 +6,7 @@ This module imports no torch, so the background writer process starts quickly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -52,6 +53,8 @@ class Storage(Protocol):
     def get(self, key: str) -> bytes: ...
 
     def get_into(self, key: str, out: memoryview) -> int: ...
+
+    def get_range(self, key: str, offset: int, out: memoryview) -> None: ...
 
     def exists(self, key: str) -> bool: ...
 
@@ -119,6 +122,25 @@ class LocalStorage:
                 done += got
             return done
 
+    def get_range(self, key: str, offset: int, out: memoryview) -> None:
+        """Fill `out` with the object's bytes from `offset`; ValueError when the object ends first."""
+        fd = os.open(self._path(key), os.O_RDONLY)
+        try:
+            done = 0
+            while done < len(out):
+                got = os.preadv(fd, [out[done : done + _WRITE_BLOCK]], offset + done)
+                if not got:
+                    raise ValueError(f"{key} ends at byte {offset + done}, before the {len(out)} bytes from {offset}")
+                done += got
+        finally:
+            os.close(fd)
+
+    def open_append(self, key: str) -> AppendedObject:
+        """An object written by appending, visible under `key` (durably) only once committed."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return AppendedObject(path)
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
@@ -180,6 +202,41 @@ class LocalStorage:
         path = self._path(prefix.rstrip("/"))
         if path.is_dir():
             _fsync_dir(path)
+
+
+class AppendedObject:
+    """A file written at a temporary name (which GC's stale-temporary sweep removes if its writer dies)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.size = 0
+
+    def append(self, data: Buffer) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            written = os.write(self._fd, view[:_WRITE_BLOCK])
+            view = view[written:]
+            self.size += written
+
+    def commit(self) -> None:
+        """fsync and rename into place; the directory's fsync is the caller's (Storage.sync)."""
+        try:
+            os.fsync(self._fd)
+        except BaseException:
+            self.abort()
+            raise
+        os.close(self._fd)
+        self._fd = -1
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+        self._tmp.unlink(missing_ok=True)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -25,6 +25,7 @@ from training_platform.checkpoints.layout import (
     COLD_TIER_KEY,
     chunk_key,
     manifest_key,
+    pack_key,
     pin_key,
     pin_prefix,
     retention_key,
@@ -382,7 +383,7 @@ class CheckpointStore:
         tiers = self.tiers_for(manifest)
 
         def stored(ref: ChunkRef) -> bool:
-            return any((info := tier.stat(chunk_key(ref.digest))) and info.size == ref.size for tier in tiers)
+            return any(_holds(tier, ref) for tier in tiers)
 
         with ThreadPoolExecutor(max_workers=STAT_WORKERS) as pool:
             return all(pool.map(stored, manifest.chunks))
@@ -460,3 +461,10 @@ def attach_cold_tier(storage: Storage, cold_uri: str) -> CheckpointStore:
     if recorded is None:
         storage.put(COLD_TIER_KEY, json.dumps({"uri": cold_uri}).encode())
     return CheckpointStore(storage, cold)
+
+
+def _holds(tier: Storage, ref: ChunkRef) -> bool:
+    """The tier has the chunk at its size: in its pack, or on its own."""
+    if ref.pack is not None and (info := tier.stat(pack_key(ref.pack))) and info.size >= ref.offset + ref.size:
+        return True
+    return bool((info := tier.stat(chunk_key(ref.digest))) and info.size == ref.size)

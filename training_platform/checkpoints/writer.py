@@ -3,11 +3,12 @@
 Torch-free on purpose: the background writer process imports only this, the storage and
 the manifest, so it starts in a fraction of a second and holds no training memory.
 
-Large tensors are cut into CHUNK_BYTES pieces; small tensors are packed together so a model
-of a thousand small tensors is not a thousand files (and S3 requests). Chunks follow tensors: every
-tensor from PACK_BELOW_BYTES up starts a chunk of its own, and a pack holds at most PACK_BYTES, so a
+Large tensors are cut into CHUNK_BYTES pieces; small tensors share a chunk so a model of a thousand
+small tensors is not a thousand chunks (and S3 requests). Chunks follow tensors: every tensor from
+PACK_BELOW_BYTES up starts a chunk of its own, and a shared chunk holds at most PACK_BYTES, so a
 tensor that did not change is not written again because a neighbour did (a frozen backbone costs
-nothing after its first save, whatever the model's size). Hashing and writing release the GIL, so a
+nothing after its first save, whatever the model's size). On a filesystem, new chunks are appended
+to pack files (packs.py), where they keep their names. Hashing and writing release the GIL, so a
 small thread pool keeps both the CPU and the disk busy.
 
 GC safety (see retention.gc): chunks this save found already present are listed in a lease
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training_platform.checkpoints.layout import chunk_key, lease_key, manifest_key
+from training_platform.checkpoints.layout import chunk_key, lease_key, manifest_key, pack_key
 from training_platform.checkpoints.manifest import (
     MAX_CHUNK_BYTES,
     CheckpointManifest,
@@ -42,8 +43,10 @@ from training_platform.checkpoints.manifest import (
     SaveRecord,
     TensorRef,
     chunk_digest,
+    stored_names,
 )
 from training_platform.checkpoints.pacing import Pacer
+from training_platform.checkpoints.packs import PACKS, PackWriter, packed_chunks, packs_supported
 from training_platform.checkpoints.signing import ManifestSigner
 from training_platform.checkpoints.storage import Storage
 from training_platform.errors import CheckpointError
@@ -79,45 +82,101 @@ class SaveStats:
     """wall time the chunks' writing spent only waiting for its pace (not work: see pacing.py)"""
     _reused: dict[str, memoryview | None] = field(default_factory=dict, repr=False)
     """chunks this save found already stored: digest -> its bytes (None once the snapshot is released)"""
+    _reused_packs: dict[str, str] = field(default_factory=dict, repr=False)
+    """of those, the ones found in a pack: digest -> the pack"""
 
 
 class ChunkSink:
-    """Hashes a piece, skips it when the store already has it, else writes it durably (at the pacer's pace)."""
+    """Hashes a piece, skips it when the store already has it, else writes it durably (at the pacer's pace).
+
+    New chunks go to packs where the storage has them (packs.py): `close` seals those, and must come
+    before a manifest names them.
+    """
 
     def __init__(self, storage: Storage, stats: SaveStats, pacer: Pacer):
         self.storage = storage
         self.stats = stats
         self.pacer = pacer
         self._lock = threading.Lock()
-        self._claimed: set[str] = set()
+        self._claimed: dict[str, ChunkRef | None] = {}
+        """digests this save has met: where it stored or found each (None while that is under way)"""
+        self._packs = PackWriter(storage) if packs_supported(storage) else None
+        self._packed: dict[str, ChunkRef] | None = None
+        self._pack_sizes: dict[str, int] = {}
 
     def put(self, piece: memoryview) -> ChunkRef:
         with self.pacer.turn(len(piece)):
             return self._put(piece)
 
     def _put(self, piece: memoryview) -> ChunkRef:
-        digest = chunk_digest(piece)
-        key = chunk_key(digest)
+        ref = ChunkRef(digest=chunk_digest(piece), size=len(piece))
         with self._lock:
-            duplicate = digest in self._claimed
-            self._claimed.add(digest)
-        # A stored copy of another size is damaged (truncated, zeroed): it is written again.
-        if duplicate or ((stored := self.storage.stat(key)) is not None and stored.size == len(piece)):
+            first = ref.digest not in self._claimed
+            if first:
+                self._claimed[ref.digest] = None
+            earlier = self._claimed[ref.digest]
+        # A piece this save met before: its location when known (else, packed, written once more: rare).
+        if not first and (earlier is not None or self._packs is None):
             with self._lock:
                 self.stats.bytes_deduplicated += len(piece)
-                if not duplicate:
-                    self.stats._reused[digest] = piece
-        else:
-            self.storage.put(key, piece, sync_parent=False)
+            return earlier or ref
+        if first and (stored := self._stored(ref)) is not None:
             with self._lock:
-                self.stats.bytes_written += len(piece)
-        return ChunkRef(digest=digest, size=len(piece))
+                self.stats.bytes_deduplicated += len(piece)
+                self.stats._reused[ref.digest] = piece
+                if stored.pack is not None:
+                    self.stats._reused_packs[ref.digest] = stored.pack
+                self._claimed[ref.digest] = stored
+            return stored
+        if self._packs is not None:
+            written = self._packs.append(ref, piece)
+        else:
+            self.storage.put(chunk_key(ref.digest), piece, sync_parent=False)
+            written = ref
+        with self._lock:
+            self.stats.bytes_written += len(piece)
+            if first:
+                self._claimed[ref.digest] = written
+        return written
+
+    def _stored(self, ref: ChunkRef) -> ChunkRef | None:
+        """Where the store holds these bytes already. A stored copy of another size is damaged (truncated,
+        zeroed): they are written again."""
+        if self._packs is not None:
+            with self._lock:
+                if self._packed is None:  # once per save, by the first thread here
+                    self._packed = packed_chunks(self.storage)
+            packed = self._packed.get(ref.digest)
+            if packed is not None and packed.size == ref.size and self._pack_holds(packed):
+                return packed
+        stored = self.storage.stat(chunk_key(ref.digest))
+        return ref if stored is not None and stored.size == ref.size else None
+
+    def _pack_holds(self, ref: ChunkRef) -> bool:
+        """The chunk's pack is there and long enough (a truncated pack is damaged: written again)."""
+        with self._lock:
+            size = self._pack_sizes.get(ref.pack)
+        if size is None:
+            info = self.storage.stat(pack_key(ref.pack))
+            size = info.size if info is not None else -1
+            with self._lock:
+                self._pack_sizes[ref.pack] = size
+        return size >= ref.offset + ref.size
 
     def holds(self, ref: ChunkRef, piece: memoryview) -> bool:
         """PIECE is kept for the save's re-check (its chunk was found stored: written again from it if a GC
         takes that meanwhile), so its memory may not be reused yet."""
         with self._lock:
             return self.stats._reused.get(ref.digest) is piece
+
+    def close(self) -> None:
+        """Seal the packs this save wrote to (every put has returned)."""
+        if self._packs is not None:
+            self._packs.close()
+
+    def abort(self) -> None:
+        if self._packs is not None:
+            self._packs.abort()
 
 
 @dataclass
@@ -189,33 +248,45 @@ def write_chunks(
                 },
                 stats=stats,
             )
+        sink.close()
         if pacer.paced:
             stats.paced_idle_seconds = max(0.0, time.monotonic() - started - pacer.busy_seconds)
-        storage.sync("chunks")
+        sync_chunks(storage)
         return written
+    except BaseException:
+        sink.abort()
+        raise
     finally:
         for handle in mapped:
             with contextlib.suppress(BufferError):  # a reused piece still refers to it; freed with it
                 handle.close()
 
 
+def sync_chunks(storage: Storage) -> None:
+    """Make the renames of a save's chunks and packs durable."""
+    storage.sync("chunks")
+    storage.sync(PACKS)
+
+
 def settle_seconds(requested: float) -> float:
     return max(requested, MIN_SETTLE_SECONDS)
 
 
-def lease_reused(storage: Storage, run_id: str, step: int, digests: set[str], stats: SaveStats) -> str | None:
-    """List the chunks this save references in a lease, when it reused any; returns the lease key."""
+def lease_reused(storage: Storage, run_id: str, step: int, names: set[str], stats: SaveStats) -> str | None:
+    """List the chunks (and packs: manifest.stored_names) this save references in a lease, when it reused any;
+    returns the lease key."""
     if not stats._reused:
         return None
     key = lease_key(uuid.uuid4().hex)
-    storage.put(key, json.dumps({"run_id": run_id, "step": step, "chunks": sorted(digests)}).encode())
+    storage.put(key, json.dumps({"run_id": run_id, "step": step, "chunks": sorted(names)}).encode())
     return key
 
 
 def recheck_reused(storage: Storage, stats: SaveStats) -> None:
     """After the settle: write again each reused chunk a concurrent GC removed meanwhile."""
     for digest, piece in stats._reused.items():
-        if storage.exists(chunk_key(digest)):
+        pack = stats._reused_packs.get(digest)
+        if storage.exists(pack_key(pack) if pack else chunk_key(digest)):
             continue
         if piece is None:
             raise CheckpointError(
@@ -223,15 +294,16 @@ def recheck_reused(storage: Storage, stats: SaveStats) -> None:
                 "while the save settled, after its snapshot was released; this checkpoint is not published "
                 "(the previous one stays) and the next save writes the chunk again"
             )
-        storage.put(chunk_key(digest), piece)
+        storage.put(chunk_key(digest), piece)  # on its own: readers look there when its pack is gone
     stats._reused.clear()
+    stats._reused_packs.clear()
 
 
 def protect_reused(
     storage: Storage,
     run_id: str,
     step: int,
-    digests: set[str],
+    names: set[str],
     stats: SaveStats,
     settle: float = LEASE_SETTLE_SECONDS,
 ) -> str | None:
@@ -239,7 +311,7 @@ def protect_reused(
 
     Returns the lease key, to delete once the manifest is written (None when nothing was reused).
     """
-    key = lease_reused(storage, run_id, step, digests, stats)
+    key = lease_reused(storage, run_id, step, names, stats)
     if key:
         time.sleep(settle_seconds(settle))
         recheck_reused(storage, stats)
@@ -250,7 +322,7 @@ def publish(
     storage: Storage, manifest: CheckpointManifest, signer: ManifestSigner, leases: Sequence[str | None] = ()
 ) -> CheckpointManifest:
     """Seal, sign and write the manifest (the moment the checkpoint becomes visible), then drop leases."""
-    manifest = signer.seal(manifest)
+    manifest = signer.seal(manifest.with_format())
     storage.put(manifest_key(manifest.run_id, manifest.step), manifest.model_dump_json(indent=1).encode())
     for lease in leases:
         if lease:
@@ -337,7 +409,7 @@ def stage_checkpoint(
         metrics=metrics or {},
         attributes=attributes or {},
     )
-    lease = lease_reused(storage, run_id, step, {ref.digest for ref in manifest.chunks}, written.stats)
+    lease = lease_reused(storage, run_id, step, stored_names(manifest.chunks), written.stats)
     settle = settle_seconds(lease_settle_seconds) if lease else 0.0
     return StagedCheckpoint(storage, signer, manifest, written.stats, lease, time.monotonic() + settle, started)
 

@@ -54,7 +54,7 @@ def full_checkpoint_bytes(spec: TrainSpec, num_features: int = 64, num_classes: 
 def checkpoint_write(store_uri: str, checkpoint_bytes: int, budget_s: float = CHECKPOINT_BUDGET_S) -> BenchResult:
     """Write a probe checkpoint through the store's own save path, then remove it."""
     from training_platform.checkpoints import open_store
-    from training_platform.checkpoints.layout import chunk_key, manifest_key, run_prefix
+    from training_platform.checkpoints.layout import chunk_key, manifest_key, pack_index_key, pack_key, run_prefix
 
     store = open_store(store_uri)
     probe = max(MIN_PROBE_BYTES, min(checkpoint_bytes, MAX_PROBE_BYTES))
@@ -66,6 +66,9 @@ def checkpoint_write(store_uri: str, checkpoint_bytes: int, budget_s: float = CH
     seconds = time.perf_counter() - started
     for chunk in manifest.chunks:
         store.storage.delete(chunk_key(chunk.digest))
+    for pack in {chunk.pack for chunk in manifest.chunks if chunk.pack}:  # a save's packs hold only its chunks
+        store.storage.delete(pack_index_key(pack))
+        store.storage.delete(pack_key(pack))
     store.storage.delete(manifest_key(run_id, 1))
     root = getattr(store.storage, "root", None)
     if isinstance(root, Path):  # a local store keeps the emptied run directory

@@ -10,6 +10,9 @@ from training_platform.checkpoints import CheckpointStore, open_store
 from training_platform.checkpoints.layout import chunk_key
 from training_platform.errors import CheckpointError
 
+# The files of chunks stored on their own, as on S3 (packs.py has the packed layout's tests).
+pytestmark = pytest.mark.usefixtures("loose_chunks")
+
 
 def state() -> dict:
     return {"w": torch.arange(3000, dtype=torch.float32)}  # 12 KB: three 4 KB chunks with small_chunks

@@ -16,6 +16,9 @@ from training_platform.checkpoints.serialization import tensor_blob
 from training_platform.checkpoints.storage import Buffer, LocalStorage
 from training_platform.checkpoints.writer import write_chunks
 
+# The files of chunks stored on their own, as on S3 (packs.py has the packed layout's tests).
+pytestmark = pytest.mark.usefixtures("loose_chunks")
+
 
 def state(seed: int) -> dict:
     return {"w": torch.full((2000,), float(seed)), "frozen": torch.arange(3000, dtype=torch.float32)}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 
+import pytest
 import torch
 
 from training_platform.checkpoints import writer
@@ -24,6 +25,9 @@ from training_platform.checkpoints.retention import STALE_TRASH_SECONDS, collect
 from training_platform.checkpoints.serialization import byte_view, tensor_blob
 from training_platform.checkpoints.storage import LocalStorage
 from training_platform.checkpoints.store import CheckpointStore
+
+# The files of chunks stored on their own, as on S3 (packs.py has the packed layout's tests).
+pytestmark = pytest.mark.usefixtures("loose_chunks")
 
 GRACE = 3600.0
 WAIT = 60.0

@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 
 from training_platform.checkpoints import open_store
 from training_platform.checkpoints.layout import manifest_key
+from training_platform.checkpoints.manifest import FORMAT_VERSION
 from training_platform.checkpoints.sharded import list_on_main
 
 
@@ -47,8 +48,9 @@ def test_a_listing_that_fails_on_rank_0_fails_on_every_rank(tmp_path):
     store.lease_settle_seconds = 0.0
     store.save("run-a", 1, {"w": torch.zeros(4)})
     path = tmp_path / "store" / manifest_key("run-a", 1)
-    path.write_text(path.read_text().replace('"format_version": 3', '"format_version": 4'))
+    body = json.loads(path.read_text()) | {"format_version": FORMAT_VERSION + 1}
+    path.write_text(json.dumps(body))
     first, second = _outcomes(tmp_path)
     assert first["error"] == second["error"] == "CheckpointError"
-    assert "checkpoint format 4 is newer than this build reads" in first["message"]
+    assert f"checkpoint format {FORMAT_VERSION + 1} is newer than this build reads" in first["message"]
     assert second["message"] == f"rank 0 could not list the checkpoints of run run-a: {first['message']}"

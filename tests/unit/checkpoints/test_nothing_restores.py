@@ -12,6 +12,9 @@ from training_platform.checkpoints import CheckpointManifest, CheckpointStore, o
 from training_platform.checkpoints.layout import chunk_key, manifest_key
 from training_platform.errors import CheckpointError
 
+# The files of chunks stored on their own, as on S3 (packs.py has the packed layout's tests).
+pytestmark = pytest.mark.usefixtures("loose_chunks")
+
 
 def state(step: int) -> dict:
     return {"w": torch.full((2000,), float(step)), "frozen": torch.arange(3000, dtype=torch.float32)}

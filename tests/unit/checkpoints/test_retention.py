@@ -13,6 +13,9 @@ from training_platform.checkpoints import RetentionPolicy, open_store
 from training_platform.checkpoints.layout import chunk_key, manifest_key
 from training_platform.checkpoints.retention import steps_to_keep
 
+# The files of chunks stored on their own, as on S3 (packs.py has the packed layout's tests).
+pytestmark = pytest.mark.usefixtures("loose_chunks")
+
 
 def state(step: int) -> dict:
     return {"w": torch.full((2000,), float(step)), "frozen": torch.arange(3000, dtype=torch.float32)}

@@ -10,6 +10,9 @@ from training_platform.checkpoints.layout import chunk_key
 from training_platform.checkpoints.sharded import restore_latest_sharded, save_sharded
 from training_platform.errors import CheckpointError
 
+# The files of chunks stored on their own, as on S3 (packs.py has the packed layout's tests).
+pytestmark = pytest.mark.usefixtures("loose_chunks")
+
 
 @pytest.fixture
 def store(tmp_path) -> CheckpointStore:

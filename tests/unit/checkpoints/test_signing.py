@@ -15,6 +15,9 @@ from training_platform.checkpoints import CheckpointStore, open_store
 from training_platform.checkpoints.layout import chunk_key, manifest_key
 from training_platform.errors import CheckpointError
 
+# The files of chunks stored on their own, as on S3 (packs.py has the packed layout's tests).
+pytestmark = pytest.mark.usefixtures("loose_chunks")
+
 
 def state(value: float) -> dict:
     return {"w": torch.full((16,), value)}

@@ -14,9 +14,12 @@ import torch
 from training_platform.checkpoints import CheckpointStore, open_store
 from training_platform.checkpoints.adopt import adopt_unsigned
 from training_platform.checkpoints.layout import chunk_key, manifest_key
-from training_platform.checkpoints.manifest import ChunkRef
+from training_platform.checkpoints.manifest import FORMAT_VERSION, READABLE_FORMATS, UNPACKED_FORMAT, ChunkRef
 from training_platform.checkpoints.storage import LocalStorage
 from training_platform.errors import CheckpointError
+
+# The files of chunks stored on their own, as on S3 (packs.py has the packed layout's tests).
+pytestmark = pytest.mark.usefixtures("loose_chunks")
 
 # Written by the format-2 build (901a356) with small_chunks:
 # store.save("format2-run", 7, make_state(0), metrics={"loss": 0.5}).
@@ -185,14 +188,14 @@ def test_run_summary_reports_overhead_as_a_fraction_of_training_time(store):
 def test_chunks_are_named_by_blake3_and_stored_under_that_name(store, tmp_path):
     manifest, _ = store.save("run-a", 1, make_state())
     stored = json.loads((tmp_path / "store" / manifest_key("run-a", 1)).read_text())
-    assert manifest.format_version == 3
+    assert manifest.format_version == UNPACKED_FORMAT
     assert set(stored["skeleton"]) == {"blake3", "size"}
     for ref in manifest.chunks:
         data = (tmp_path / "store" / chunk_key(ref.digest)).read_bytes()
         assert ref.algorithm == "blake3" and ref.digest == blake3.blake3(data).hexdigest()
 
 
-def test_a_format_2_checkpoint_still_restores_and_new_saves_beside_it_use_format_3(tmp_path, small_chunks):
+def test_a_format_2_checkpoint_still_restores_and_new_saves_beside_it_use_a_newer_format(tmp_path, small_chunks):
     shutil.copytree(FORMAT_2_STORE, tmp_path / "store")
     store = open_store(tmp_path / "store")
     store.lease_settle_seconds = 0.0
@@ -211,7 +214,7 @@ def test_a_format_2_checkpoint_still_restores_and_new_saves_beside_it_use_format
         "GC removes the old format's chunks once no manifest needs them"
     )
     new = store.restore_latest("format2-run")
-    assert new.manifest.step == 8 and new.manifest.format_version == 3
+    assert new.manifest.step == 8 and new.manifest.format_version == UNPACKED_FORMAT
     assert_same(make_state(1), new.state)
 
 
@@ -244,11 +247,14 @@ def test_a_run_with_a_checkpoint_of_a_newer_format_is_left_alone(store, tmp_path
     digest = blake3.blake3(only_listed_there).hexdigest()
     store.storage.put(chunk_key(digest), only_listed_there)
     path = tmp_path / "store" / manifest_key("run-a", 2)
-    body = json.loads(path.read_text()) | {"format_version": 4, "extra_chunks": [{"blake3": digest, "size": 66}]}
+    newer_format = FORMAT_VERSION + 1
+    extra = [{"blake3": digest, "size": 66}]
+    body = json.loads(path.read_text()) | {"format_version": newer_format, "extra_chunks": extra}
     text = json.dumps(body) if shape == "same" else json.dumps(body).replace('"blake3"', '"b4"')
     path.write_text(text)
 
-    fix = r"cannot read at step 2: checkpoint format 4 is newer than this build reads \(2, 3\); upgrade"
+    readable = ", ".join(map(str, READABLE_FORMATS))
+    fix = rf"cannot read at step 2: checkpoint format {newer_format} is newer than this build reads \({readable}\)"
     with pytest.raises(CheckpointError, match=fix):
         store.restore_latest("run-a")
     with pytest.raises(CheckpointError, match=fix):

@@ -12,6 +12,9 @@ from training_platform.checkpoints.serialization import flatten_state, tensor_bl
 from training_platform.checkpoints.writer import stage_checkpoint, write_checkpoint
 from training_platform.errors import CheckpointError
 
+# The files of chunks stored on their own, as on S3 (packs.py has the packed layout's tests).
+pytestmark = pytest.mark.usefixtures("loose_chunks")
+
 
 @pytest.fixture
 def store(tmp_path, small_chunks) -> CheckpointStore:
