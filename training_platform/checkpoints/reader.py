@@ -14,7 +14,7 @@ import torch
 
 from training_platform.checkpoints.layout import TRASH, chunk_key, pack_key, parse_trash_key, quarantine_key
 from training_platform.checkpoints.manifest import CheckpointManifest, ChunkRef, TensorRef
-from training_platform.checkpoints.packs import drop_from_index
+from training_platform.checkpoints.packs import drop_from_index, packed_chunks, packs_supported
 from training_platform.checkpoints.serialization import dtype_from_name, tensor_from_bytes
 from training_platform.checkpoints.storage import Storage
 from training_platform.errors import CheckpointError
@@ -38,6 +38,7 @@ class ChunkReader:
         self.tiers = list(tiers)
 
     def read_into(self, ref: ChunkRef, out: memoryview) -> None:
+        damage: CheckpointError | None = None  # the first copy found damaged, raised if no good one is
         for tier in self.tiers:
             for packed in (True, False) if ref.pack is not None else (False,):
                 try:
@@ -49,16 +50,35 @@ class ChunkReader:
                 except FileNotFoundError:
                     continue
                 except ValueError as exc:  # larger than the manifest says, or a pack that ends too soon
-                    raise self._damaged(tier, ref, packed, None, f"does not match its size: {exc}") from None
+                    damage = damage or self._damaged(tier, ref, packed, None, f"does not match its size: {exc}")
+                    continue
                 if not ref.matches(out[:size]):
                     problem = f"does not match its {ref.algorithm} hash (corrupted)"
-                    raise self._damaged(tier, ref, packed, out[:size], problem)
+                    damage = damage or self._damaged(tier, ref, packed, out[:size], problem)
+                    continue
                 return
-        if self._read_set_aside(ref, out):
+        if self._read_repacked(ref, out) or self._read_set_aside(ref, out):
             return
-        raise CheckpointError(
+        raise damage or CheckpointError(
             f"chunk {self.tiers[0].uri}/{chunk_key(ref.digest)} is missing (looked in {self._where()})"
         )
+
+    def _read_repacked(self, ref: ChunkRef, out: memoryview) -> bool:
+        """Read the chunk from another pack: a later save that held the same bytes wrote them again there,
+        after the copy this reference names was damaged or lost."""
+        for tier in self.tiers:
+            if not packs_supported(tier):
+                continue
+            copy = packed_chunks(tier).get(ref.digest)
+            if copy is None or copy.pack == ref.pack:
+                continue
+            try:
+                tier.get_range(pack_key(copy.pack), copy.offset, out[: ref.size])
+            except (FileNotFoundError, ValueError):
+                continue
+            if ref.matches(out[: ref.size]):
+                return True
+        return False
 
     def _read_set_aside(self, ref: ChunkRef, out: memoryview) -> bool:
         """Read a chunk (or its pack) a GC has set aside and is about to put back (retention.py), or left there

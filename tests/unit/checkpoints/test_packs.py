@@ -58,6 +58,13 @@ def assert_restores(store: CheckpointStore, run_id: str, expected: dict) -> None
         assert same, name
 
 
+def assert_loads(store: CheckpointStore, manifest, expected: dict) -> None:
+    loaded = store.load(manifest)
+    assert all(
+        torch.equal(loaded[k], v) if isinstance(v, torch.Tensor) else loaded[k] == v for k, v in expected.items()
+    )
+
+
 def age(store: CheckpointStore, key: str) -> None:
     """Date an object before GC's grace period."""
     path = store.storage.root / key
@@ -96,7 +103,7 @@ def test_chunks_in_packs_are_reused_by_later_saves_and_other_runs(store):
     assert_restores(store, "other", state(seed=1))
 
 
-def test_a_damaged_packed_chunk_fails_its_restore_and_the_next_save_writes_it_again(store):
+def test_a_damaged_packed_chunk_fails_its_restore_until_the_next_save_writes_it_again(store):
     first, _ = store.save("r", 1, state())
     ref = next(ref for ref in first.chunks if ref.size == 4096)
     path = store.storage.root / pack_key(ref.pack)
@@ -115,18 +122,20 @@ def test_a_damaged_packed_chunk_fails_its_restore_and_the_next_save_writes_it_ag
     moved = next(entry for entry in second.chunks if entry.digest == ref.digest)
     assert moved.pack != ref.pack
     assert_restores(store, "r", state())
+    assert_loads(store, first, state())  # step 1 reads the new copy
 
 
-def test_a_truncated_pack_is_not_reused_and_fails_the_restores_that_need_it(store):
+def test_a_truncated_pack_fails_the_restores_that_need_it_and_is_not_reused(store):
     first, _ = store.save("r", 1, state())
     ref = max(first.chunks, key=lambda chunk: (chunk.pack or "", chunk.offset))  # the last of its pack
     os.truncate(store.storage.root / pack_key(ref.pack), ref.offset + 10)
 
-    _, stats = store.save("r", 2, state())
-    assert stats.bytes_written >= ref.size  # written again, not reused from where it is cut
     with pytest.raises(CheckpointError, match="does not match its size"):
         store.load(first)
+    _, stats = store.save("r", 2, state())
+    assert stats.bytes_written >= ref.size  # written again, not reused from where it is cut
     assert_restores(store, "r", state())
+    assert_loads(store, first, state())  # step 1 reads the chunk's new copy
 
 
 def test_a_chunk_whose_pack_is_gone_is_read_on_its_own(store):
