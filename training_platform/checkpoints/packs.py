@@ -85,21 +85,19 @@ class PackWriter:
 
     def close(self) -> None:
         """Seal the packs still open (once no append is in flight); the directory's fsync is the caller's."""
-        with self._lock:
-            packs, self._open = self._open, []
-        self._mine = threading.local()
-        for pack in packs:
-            if not pack.sealed:
-                pack.seal()
+        for pack in self._take_open():
+            pack.seal()
 
     def abort(self) -> None:
         """Drop the packs still open (a failed save): their temporaries go, nothing names them."""
+        for pack in self._take_open():
+            pack.file.abort()
+
+    def _take_open(self) -> list[_OpenPack]:
         with self._lock:
             packs, self._open = self._open, []
         self._mine = threading.local()
-        for pack in packs:
-            if not pack.sealed:
-                pack.file.abort()
+        return [pack for pack in packs if not pack.sealed]
 
 
 def read_pack_index(storage: Storage, pack_id: str) -> list[ChunkRef]:
