@@ -36,6 +36,7 @@ PACKS = "packs"
 
 
 def packs_supported(storage: Storage) -> bool:
+    """The storage can hold packs: it appends (`open_append`) and reads ranges (`get_range`), as LocalStorage."""
     return hasattr(storage, "open_append")
 
 
@@ -57,8 +58,7 @@ class _OpenPack:
         """Durable pack first, then its index: an index never names bytes that are not there."""
         self.file.commit()
         self.sealed = True
-        body = {"chunks": [entry.model_dump() for entry in self.entries]}
-        self.storage.put(pack_index_key(self.id), json.dumps(body).encode(), sync_parent=False)
+        _write_index(self.storage, self.id, self.entries, sync_parent=False)
 
 
 class PackWriter:
@@ -161,5 +161,9 @@ def drop_from_index(storage: Storage, pack_id: str, digest: str) -> None:
     entries = read_pack_index(storage, pack_id)
     kept = [entry for entry in entries if entry.digest != digest]
     if len(kept) != len(entries):
-        body = {"chunks": [entry.model_dump() for entry in kept]}
-        storage.put(pack_index_key(pack_id), json.dumps(body).encode())
+        _write_index(storage, pack_id, kept)
+
+
+def _write_index(storage: Storage, pack_id: str, entries: list[ChunkRef], *, sync_parent: bool = True) -> None:
+    body = {"chunks": [entry.model_dump() for entry in entries]}
+    storage.put(pack_index_key(pack_id), json.dumps(body).encode(), sync_parent=sync_parent)

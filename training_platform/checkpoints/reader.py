@@ -40,7 +40,7 @@ class ChunkReader:
     def read_into(self, ref: ChunkRef, out: memoryview) -> None:
         damage: CheckpointError | None = None  # the first copy found damaged, raised if no good one is
         for tier in self.tiers:
-            for packed in (True, False) if ref.pack is not None else (False,):
+            for packed in (True, False) if ref.pack is not None and packs_supported(tier) else (False,):
                 try:
                     if packed:
                         tier.get_range(pack_key(ref.pack), ref.offset, out[: ref.size])
@@ -89,7 +89,7 @@ class ChunkReader:
                 try:
                     if name == ref.digest:
                         size = tier.get_into(key, out)
-                    elif ref.pack is not None and name == ref.pack:
+                    elif ref.pack is not None and name == ref.pack and packs_supported(tier):
                         tier.get_range(key, ref.offset, out[: ref.size])
                         size = ref.size
                     else:

@@ -45,7 +45,7 @@ from training_platform.checkpoints.layout import (
     trash_key,
 )
 from training_platform.checkpoints.manifest import CheckpointManifest, parse_manifest, stored_names
-from training_platform.checkpoints.packs import PACKS, read_pack_index
+from training_platform.checkpoints.packs import PACKS, pack_indexes
 from training_platform.checkpoints.removed import Removals
 from training_platform.checkpoints.storage import Storage
 from training_platform.checkpoints.writer import MIN_SETTLE_SECONDS
@@ -268,15 +268,12 @@ def _listed(storage: Storage) -> list[tuple[_Stored, float]]:
     for info in storage.list_info("chunks"):
         digest = info.key.rsplit("/", 1)[-1]
         listed.append((_Stored(info.key, digest, info.size, frozenset([digest])), info.modified))
+    indexes = pack_indexes(storage)  # none for a save that died before its index, or a damaged one
     for info in storage.list_info(PACKS):
         pack_id = info.key.rsplit("/", 1)[-1]
-        if not is_object_name(pack_id):
-            continue  # an index: it goes with its pack
-        try:
-            chunks = frozenset(ref.digest for ref in read_pack_index(storage, pack_id))
-        except (FileNotFoundError, ValueError):  # a save that died before the index; a damaged index
-            chunks = frozenset()
-        listed.append((_Stored(info.key, pack_id, info.size, chunks), info.modified))
+        if is_object_name(pack_id):  # not an index: that goes with its pack
+            chunks = frozenset(ref.digest for ref in indexes.get(pack_id, []))
+            listed.append((_Stored(info.key, pack_id, info.size, chunks), info.modified))
     return listed
 
 

@@ -167,29 +167,6 @@ class S3Storage:
             raise self._fail("download", key, exc) from None
         return sink.high_water
 
-    def get_range(self, key: str, offset: int, out: memoryview) -> None:
-        """Fill `out` with the object's bytes from `offset` (one ranged GET); ValueError when it ends first."""
-        if not len(out):
-            return
-        try:
-            body = self.client.get_object(
-                Bucket=self.bucket, Key=self._key(key), Range=f"bytes={offset}-{offset + len(out) - 1}"
-            )["Body"]
-            done = 0
-            while done < len(out) and (got := body.read(min(len(out) - done, 8 << 20))):
-                out[done : done + len(got)] = got
-                done += len(got)
-        except ClientError as exc:
-            if _code(exc) in _NOT_FOUND:
-                raise FileNotFoundError(f"{self.uri}/{key}") from None
-            if _code(exc) == "InvalidRange":
-                raise ValueError(f"{key} ends before byte {offset}") from None
-            raise self._fail("download", key, exc) from None
-        except BotoCoreError as exc:
-            raise self._fail("download", key, exc) from None
-        if done < len(out):
-            raise ValueError(f"{key} ends at byte {offset + done}, before the {len(out)} bytes from {offset}")
-
     def exists(self, key: str) -> bool:
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._key(key))

@@ -251,7 +251,8 @@ def write_chunks(
         sink.close()
         if pacer.paced:
             stats.paced_idle_seconds = max(0.0, time.monotonic() - started - pacer.busy_seconds)
-        sync_chunks(storage)
+        storage.sync("chunks")  # the renames of the save's chunks and packs, durable
+        storage.sync(PACKS)
         return written
     except BaseException:
         sink.abort()
@@ -260,12 +261,6 @@ def write_chunks(
         for handle in mapped:
             with contextlib.suppress(BufferError):  # a reused piece still refers to it; freed with it
                 handle.close()
-
-
-def sync_chunks(storage: Storage) -> None:
-    """Make the renames of a save's chunks and packs durable."""
-    storage.sync("chunks")
-    storage.sync(PACKS)
 
 
 def settle_seconds(requested: float) -> float:

@@ -172,17 +172,19 @@ def test_gc_takes_a_pack_no_manifest_or_lease_reads_from_and_keeps_one_that_is(s
 
 
 def test_a_lease_keeps_a_pack_and_another_copy_of_its_bytes_does_not(store):
-    first, _ = store.save("r", 1, state())
-    packs_of_first = pack_files(store)
+    store.save("r", 1, state())
     store.storage.delete(f"runs/r/{1:012d}.json")  # nothing reads from step 1's packs now
-    leased = sorted(packs_of_first)[0]
-    store.storage.put("leases/save.json", json.dumps({"chunks": [leased]}).encode())
+    leased, *others = sorted(pack_files(store))
+    # A save that reads from one pack, and found the other packs' chunks elsewhere (on their own): it names
+    # their digests, not those packs.
+    copies = [ref.digest for pack in others for ref in read_pack_index(store.storage, pack)]
+    store.storage.put("leases/save.json", json.dumps({"chunks": [leased, *copies]}).encode())
     for key in store.storage.list("packs"):
         age(store, key)
 
     store.gc(grace_seconds=GRACE)
 
-    assert pack_files(store) == {leased}  # the others held the same digests a lease names, in another place
+    assert pack_files(store) == {leased}
 
 
 def test_what_a_dead_gc_left_aside_is_read_from_there_and_settled_by_the_next_gc(store):
