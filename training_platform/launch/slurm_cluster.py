@@ -19,17 +19,18 @@ _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:.]*)=")
 
 
 def parse_scontrol_record(line: str) -> dict[str, str]:
-    """One `scontrol show ... -o` line as a mapping of its fields."""
+    """One `scontrol show ... -o` line as a mapping of its fields; empty for a line of none (a notice)."""
     matches = list(_KEY.finditer(line))
     record: dict[str, str] = {}
-    for match, following in zip(matches, [*matches[1:], None], strict=True):
+    for match, following in zip(matches, [*matches[1:], None][: len(matches)], strict=True):
         end = following.start() if following else len(line)
         record[match.group(1)] = line[match.end() : end].strip()
     return record
 
 
 def parse_records(text: str) -> list[dict[str, str]]:
-    return [parse_scontrol_record(line) for line in text.splitlines() if line.strip()]
+    """The records of `scontrol show ... -o`: none for its notice of an empty list ("No jobs in the system")."""
+    return [record for line in text.splitlines() if (record := parse_scontrol_record(line))]
 
 
 def gpus_in_gres(gres: str, gres_type: str | None) -> int:
