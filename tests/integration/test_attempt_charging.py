@@ -2,6 +2,7 @@
 restarts the group) is charged three attempts, its lost steps' dollars apart, in the ledger, the asset's
 metadata, MLflow and the cost report."""
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import pytest
 
 from definitions import defs
 from tests.fixtures.materialize import materialize_partition
+from training_platform.checkpoints import open_store
 from training_platform.cost import CostLedger, load_price_model
 from training_platform.cost.commands import summed_totals
 from training_platform.datasets import build_snapshot
@@ -53,6 +55,29 @@ def _ranks(job_group: int) -> list[int]:
     return [p.pid for p in server.children()]
 
 
+def _kill_a_rank_between_checkpoints(job_group: int, run_dir, store, run_id: str) -> bool:
+    """SIGKILL the job's last rank where it has lost work to show: between 1 and EVERY - 10 steps past its newest
+    checkpoint, so that no save of a later step is under way. The ranks run hundreds of steps a second, so the
+    step is read with the job stopped (SIGSTOP, its writers too): the event log and the store then stand still.
+    False, with the job let go on, when it is not there (a save became durable meanwhile)."""
+    (agent,) = psutil.Process(job_group).children()
+    (server,) = [p for p in agent.children() if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+    frozen = server.children(recursive=True)
+    for process in frozen:
+        process.send_signal(signal.SIGSTOP)
+    try:
+        reported = max(e["step"] for e in RunEvents(run_dir).read() if e["kind"] == "progress")
+        durable = max((m.step for m in store.list(run_id)), default=0)
+        if not 0 < reported - durable <= EVERY - 10:
+            return False
+        os.kill(_ranks(job_group)[-1], signal.SIGKILL)
+        return True
+    finally:
+        for process in frozen:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGCONT)
+
+
 def test_a_run_preempted_twice_is_charged_three_attempts_with_its_lost_work_apart(instance):
     home = PlatformHome.from_env().ensure()
     snapshot = build_snapshot("sklearn_digits", home.snapshots).snapshot_id
@@ -79,10 +104,12 @@ def test_a_run_preempted_twice_is_charged_three_attempts_with_its_lost_work_apar
     second = {}
     worker = threading.Thread(target=_materialize, args=(instance, run_id, second))
     worker.start()
+    store = open_store(home.checkpoints)
     for events in _events_after(run_dir, job=2):  # preemption 2: a rank dies between two checkpoints
         steps = [e["step"] for e in events if e["kind"] == "progress"]
-        if steps and steps[-1] >= 120 and 5 <= steps[-1] % EVERY <= 30:
-            os.kill(_ranks(int(events[0]["job_id"].split(":")[0]))[-1], signal.SIGKILL)
+        job_group = int(events[0]["job_id"].split(":")[0])
+        if (steps and steps[-1] >= 120 and 5 <= steps[-1] % EVERY <= 30
+                and _kill_a_rank_between_checkpoints(job_group, run_dir, store, run_id)):
             break
     worker.join(timeout=300)
     assert second["result"].success, RunEvents(run_dir).read()[-5:]
