@@ -22,6 +22,7 @@ DIR="${TP_SLURM_DIR:-/tmp/tp-slurm}"
 GPUS="${TP_SLURM_GPUS:-4}"
 SPOT_GRACE_SECONDS="${TP_SLURM_SPOT_GRACE:-10}"
 SLURMD_TIMEOUT="${TP_SLURM_SLURMD_TIMEOUT:-30}"  # a node not answering this long is DOWN, its jobs requeued
+REQUEUE_HOLD_SECONDS="${TP_SLURM_REQUEUE_HOLD:-120}"  # a requeued job waits this long to start (cred_expire)
 WAIT_SECONDS="${TP_SLURM_WAIT_SECONDS:-60}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 LOCAL_NODES="$HERE/../nodes/local-nodes.sh"
@@ -63,7 +64,8 @@ write_config() {
         -e "s|@STATE_DIR@|$DIR/state|g" -e "s|@RUN_DIR@|$DIR/run|g" -e "s|@LOG_DIR@|$DIR/log|g" \
         -e "s|@ACCOUNTING_STORAGE@|accounting_storage/none|g" \
         -e "s|@CPUS@|$cpus|g" -e "s|@REAL_MEMORY@|$((mem * 9 / 10))|g" -e "s|@GPUS@|$GPUS|g" \
-        -e "s|@SPOT_GRACE_SECONDS@|$SPOT_GRACE_SECONDS|g" -e "s|@SLURMD_TIMEOUT@|$SLURMD_TIMEOUT|g" "$TEMPLATE" >"$CONF.tmp"
+        -e "s|@SPOT_GRACE_SECONDS@|$SPOT_GRACE_SECONDS|g" -e "s|@SLURMD_TIMEOUT@|$SLURMD_TIMEOUT|g" \
+        -e "s|@REQUEUE_HOLD_SECONDS@|$REQUEUE_HOLD_SECONDS|g" "$TEMPLATE" >"$CONF.tmp"
     local count i
     count=$(namespace_nodes)
     if ((count > 1)); then

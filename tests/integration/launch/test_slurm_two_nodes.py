@@ -156,7 +156,7 @@ def test_a_lost_node_is_reported_and_the_run_resumes_when_it_is_back(home, two_n
         assert seen[JobState.REQUEUED].startswith("requeued after node tp-node1 failed"), seen
         restored = two_nodes.script("up")
         assert restored.returncode == 0, restored.stderr
-        # Slurm's requeue delay stands (slurm_nodes.py): the next attempt starts about two minutes after the requeue.
+        # Slurm's requeue hold stands (slurm_nodes.py): the next attempt starts once it ends (cred_expire, 30 s here).
         assert slurm.release_requeue_hold(handle) is None
         resumed = _finish(slurm, handle, request)
     finally:
