@@ -11,6 +11,7 @@ import signal
 import time
 import urllib.request
 from collections import Counter
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -37,24 +38,30 @@ from training_platform.spec import load_spec
 from training_platform.submission import PARTITION_TAG, TRAINING_JOB, training_run_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
-# Paced by the clock (PACED_SCRIPT): the run lasts through a cancel whatever else the machine runs, and leaves
-# the cores to the server under test.
+# Paced by the clock (PACED_SCRIPT) while its pace file exists: the run lasts through a cancel whatever else the
+# machine runs, and leaves the cores to the server under test. Without the file it runs at full speed (the
+# reference, a resume): the pace changes no weight.
 LONG_STEPS = 3000  # at least 12.5 s past the cancel's step 500, at 5 ms a step
-LONG = {"training": {"max_steps": LONG_STEPS, "log_every": 50}, "resources": {"procs_per_node": 1},
-        "checkpoint": {"every_steps": 500, "keep_last": 2},
-        "entrypoint": {"script": str(PACED_SCRIPT), "args": ["--step-seconds", "0.005"]}}
+
+
+def _long(pace: Path) -> dict:
+    return {"training": {"max_steps": LONG_STEPS, "log_every": 50}, "resources": {"procs_per_node": 1},
+            "checkpoint": {"every_steps": 500, "keep_last": 2},
+            "entrypoint": {"script": str(PACED_SCRIPT), "args": ["--step-seconds", "0.005", "--pace-file", str(pace)]}}
 
 
 @pytest.fixture(scope="module")
 def reference(platform, tmp_path_factory) -> dict:
-    """The uninterrupted run of the LONG spec: the weights a cancelled-then-resumed run must end with."""
-    spec = write_spec(tmp_path_factory.mktemp("specs"), "long-reference", **LONG)
+    """The uninterrupted run of the long spec, unpaced: the weights a cancelled-then-resumed run must end with."""
+    specs = tmp_path_factory.mktemp("specs")
+    spec = write_spec(specs, "long-reference", **_long(specs / "never-paced"))
     proc = platform.tp("train", str(spec), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:] + server_logs(platform.home)
     return last_json(proc)
 
 
-def _cancel_mid_run_then_resume(platform, spec, reference: dict, *launcher: str) -> None:
+def _cancel_mid_run_then_resume(platform, spec, pace: Path, reference: dict, *launcher: str) -> None:
+    pace.touch()
     run_id = detach(platform, spec, *launcher)
     wait_until(lambda: step_reached(platform, run_id) >= 500, 300, f"run {run_id} training past step 500")
     assert processes_of(run_id), "the run's processes are found by their command lines"
@@ -69,6 +76,7 @@ def _cancel_mid_run_then_resume(platform, spec, reference: dict, *launcher: str)
     assert 500 <= stopped_at < LONG_STEPS, stopped_at  # cancelled mid-run: the rest is the resume's
     assert run_row(platform, run_id)["state"] == "CANCELED"
 
+    pace.unlink()  # what the resume must show is its weights, not its pace
     resumed = platform.tp("resume", run_id, "--json")
     assert resumed.returncode == 0, resumed.stderr[-3000:] + server_logs(platform.home)
     summary = last_json(resumed)
@@ -80,12 +88,14 @@ def _cancel_mid_run_then_resume(platform, spec, reference: dict, *launcher: str)
 
 
 def test_cancel_stops_every_process_and_resume_ends_with_the_uninterrupted_weights(platform, reference, tmp_path):
-    _cancel_mid_run_then_resume(platform, write_spec(tmp_path, "long-local", **LONG), reference)
+    pace = tmp_path / "paced"
+    _cancel_mid_run_then_resume(platform, write_spec(tmp_path, "long-local", **_long(pace)), pace, reference)
 
 
 def test_cancel_and_resume_on_slurm(platform, reference, tmp_path, slurm_cluster):
-    spec = write_spec(tmp_path, "long-slurm", **LONG, backend="slurm")
-    _cancel_mid_run_then_resume(platform, spec, reference)
+    pace = tmp_path / "paced"
+    spec = write_spec(tmp_path, "long-slurm", **_long(pace), backend="slurm")
+    _cancel_mid_run_then_resume(platform, spec, pace, reference)
     jobs = slurm_cluster.run("squeue", "--noheader", "--format=%i %j").stdout
     assert "long-slurm" not in jobs, jobs  # scancel took the job; the resume's ended
 
