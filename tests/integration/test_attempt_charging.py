@@ -47,11 +47,11 @@ def _events_after(run_dir, job: int, timeout: float = 180):
     raise TimeoutError(f"job {job} of {run_dir.name} never got where the test waits")
 
 
-def _ranks(job_group: int) -> list[int]:
+def _fork_server(job_group: int) -> psutil.Process:
     """The job's shell runs the agent, whose fork server forks the ranks (tests/integration/test_worker_resume.py)."""
     (agent,) = psutil.Process(job_group).children()
     (server,) = [p for p in agent.children() if "multiprocessing.forkserver" in " ".join(p.cmdline())]
-    return [p.pid for p in server.children()]
+    return server
 
 
 def _kill_a_rank_between_checkpoints(job_group: int, run_dir) -> int | None:
@@ -59,8 +59,7 @@ def _kill_a_rank_between_checkpoints(job_group: int, run_dir) -> int | None:
     let go on) when it was elsewhere. The ranks run hundreds of steps a second, so the step is read with the job
     stopped (SIGSTOP on every process under the fork server): a rank is then at most 9 steps past the newest step
     it reported (every 5 steps, the newest line maybe torn), so no save of a later step can have been staged."""
-    (agent,) = psutil.Process(job_group).children()
-    (server,) = [p for p in agent.children() if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+    server = _fork_server(job_group)
     frozen = server.children(recursive=True)
     for process in frozen:
         process.send_signal(signal.SIGSTOP)
@@ -68,7 +67,7 @@ def _kill_a_rank_between_checkpoints(job_group: int, run_dir) -> int | None:
         reported = max(e["step"] for e in RunEvents(run_dir).read() if e["kind"] == "progress")
         if not 5 <= reported % EVERY <= 40:
             return None
-        os.kill(_ranks(job_group)[-1], signal.SIGKILL)
+        server.children()[-1].kill()  # the ranks are the fork server's own children
         return reported
     finally:
         for process in frozen:
@@ -105,9 +104,8 @@ def test_a_run_preempted_twice_is_charged_three_attempts_with_its_lost_work_apar
     for events in _events_after(run_dir, job=2):  # preemption 2: a rank dies between two checkpoints
         assert not any(e["kind"] == "finished" for e in events), "the run ended before a rank could be killed"
         steps = [e["step"] for e in events if e["kind"] == "progress"]
-        job_group = int(events[0]["job_id"].split(":")[0])
         if steps and steps[-1] >= 120 and 5 <= steps[-1] % EVERY <= 30:
-            killed_at = _kill_a_rank_between_checkpoints(job_group, run_dir)
+            killed_at = _kill_a_rank_between_checkpoints(int(events[0]["job_id"].split(":")[0]), run_dir)
             if killed_at is not None:
                 break
     worker.join(timeout=300)

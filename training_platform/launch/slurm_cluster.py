@@ -21,11 +21,8 @@ _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:.]*)=")
 def parse_scontrol_record(line: str) -> dict[str, str]:
     """One `scontrol show ... -o` line as a mapping of its fields; empty for a line of none (a notice)."""
     matches = list(_KEY.finditer(line))
-    record: dict[str, str] = {}
-    for match, following in zip(matches, [*matches[1:], None][: len(matches)], strict=True):
-        end = following.start() if following else len(line)
-        record[match.group(1)] = line[match.end() : end].strip()
-    return record
+    ends = [following.start() for following in matches[1:]] + [len(line)] if matches else []
+    return {match.group(1): line[match.end() : end].strip() for match, end in zip(matches, ends, strict=True)}
 
 
 def parse_records(text: str) -> list[dict[str, str]]:

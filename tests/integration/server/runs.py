@@ -15,6 +15,11 @@ PACED_SCRIPT = ROOT / "tests" / "fixtures" / "paced_train.py"
 """A script whose steps take wall time, not CPU (its docstring): for a run that must last while a test acts on it."""
 
 
+def paced_entrypoint(pace: Path) -> dict:
+    """A spec's entrypoint of PACED_SCRIPT at 5 ms a step while `pace` exists, at full speed once it is gone."""
+    return {"script": str(PACED_SCRIPT), "args": ["--step-seconds", "0.005", "--pace-file", str(pace)]}
+
+
 def write_spec(directory: Path, name: str, team: str = "ml-platform", **changes) -> Path:
     """examples/digits.yaml, renamed (its own model in the registry), with `changes` merged per section."""
     spec = yaml.safe_load((ROOT / "examples" / "digits.yaml").read_text())

@@ -19,9 +19,9 @@ import pytest
 from tests.fixtures.platform import TP_POLL_S, free_port, last_json, server_logs
 from tests.fixtures.worker import wait_until
 from tests.integration.server.runs import (
-    PACED_SCRIPT,
     detach,
     ended_row,
+    paced_entrypoint,
     processes_of,
     run_row,
     step_reached,
@@ -38,7 +38,7 @@ from training_platform.spec import load_spec
 from training_platform.submission import PARTITION_TAG, TRAINING_JOB, training_run_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
-# Paced by the clock (PACED_SCRIPT) while its pace file exists: the run lasts through a cancel whatever else the
+# Paced by the clock (runs.PACED_SCRIPT) while its pace file exists: the run lasts through a cancel whatever else the
 # machine runs, and leaves the cores to the server under test. Without the file it runs at full speed (the
 # reference, a resume): the pace changes no weight.
 LONG_STEPS = 3000  # at least 12.5 s past the cancel's step 500, at 5 ms a step
@@ -47,7 +47,7 @@ LONG_STEPS = 3000  # at least 12.5 s past the cancel's step 500, at 5 ms a step
 def _long(pace: Path) -> dict:
     return {"training": {"max_steps": LONG_STEPS, "log_every": 50}, "resources": {"procs_per_node": 1},
             "checkpoint": {"every_steps": 500, "keep_last": 2},
-            "entrypoint": {"script": str(PACED_SCRIPT), "args": ["--step-seconds", "0.005", "--pace-file", str(pace)]}}
+            "entrypoint": paced_entrypoint(pace)}
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pytest
 from tests.fixtures.platform import last_json, server_logs
 from tests.fixtures.team_stack import Stack, running_stack
 from tests.fixtures.worker import wait_until
-from tests.integration.server.runs import PACED_SCRIPT, detach, ended_row, step_reached, write_spec, write_sweep
+from tests.integration.server.runs import detach, ended_row, paced_entrypoint, step_reached, write_spec, write_sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -333,7 +333,7 @@ def test_tracking_server_and_s3_down_30_s_while_a_run_trains_and_checkpoints(sta
         # At least 100 s of training while paced (5 ms a step, by the clock): it must outlast the outage and the
         # restart (~50 s) with room to spare, however busy the machine; once the services are back, the rest runs
         # at full speed. A save every 1000 steps (5 s) tries a few in the outage.
-        entrypoint={"script": str(PACED_SCRIPT), "args": ["--step-seconds", "0.005", "--pace-file", str(pace)]},
+        entrypoint=paced_entrypoint(pace),
         training={"max_steps": OUTAGE_RUN_STEPS, "log_every": 50},
         resources={"procs_per_node": 1},
         checkpoint={"every_steps": 1000},
