@@ -1,13 +1,16 @@
 """Read one checkpoint's tensors, verifying every chunk's hash, in parallel.
 
-Large tensors are read straight into their final memory (no intermediate copy); small tensors
-sharing a chunk are sliced out of it once it is verified.
+Large tensors are read straight into their final memory (no intermediate copy): the caller's own tensor where it
+passes one of the same dtype and shape (a resume's model and optimizer, which the restore overwrites anyway: no
+allocation, no page faults, no second copy), new memory otherwise. Small tensors sharing a chunk are sliced out of
+it once it is verified.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -15,7 +18,7 @@ import torch
 from training_platform.checkpoints.layout import TRASH, chunk_key, pack_key, parse_trash_key, quarantine_key
 from training_platform.checkpoints.manifest import CheckpointManifest, ChunkRef, TensorRef
 from training_platform.checkpoints.packs import drop_from_index, packed_chunks, packs_supported
-from training_platform.checkpoints.serialization import dtype_from_name, tensor_from_bytes
+from training_platform.checkpoints.serialization import dtype_from_name, dtype_name, tensor_from_bytes
 from training_platform.checkpoints.storage import Storage
 from training_platform.errors import CheckpointError
 
@@ -132,21 +135,30 @@ class ChunkReader:
 
 
 def read_tensors(
-    tiers: Sequence[Storage], manifest: CheckpointManifest, workers: int = READ_WORKERS
+    tiers: Sequence[Storage],
+    manifest: CheckpointManifest,
+    workers: int = READ_WORKERS,
+    into: Mapping[int, torch.Tensor] | None = None,
 ) -> list[torch.Tensor]:
     """Every tensor of the manifest, verified; raises CheckpointError naming the bad chunk.
+
+    INTO: tensors to read into, by their index in the manifest; one that does not fit (another dtype or shape,
+    not contiguous on the CPU, memory another destination already takes) is left alone. A read that fails
+    leaves the ones that fit holding partial bytes: the caller restores into them again or fails.
 
     A pack's chunks are read by one thread in the pack's order, packs in parallel: one stream per file
     is what the disk reads fastest (packs.py).
     """
     reader = ChunkReader(tiers)
+    destinations = _Destinations()
     located = {ref.digest: ref for ref in manifest.chunks}  # a duplicate within a save may name no pack
     reads: list[tuple[ChunkRef, memoryview]] = []
     shared: dict[str, memoryview] = {}  # chunks of several small tensors: read whole, sliced below
-    owned: list[torch.Tensor | None] = []
-    for ref in manifest.tensors:
+    owned: list[torch.Tensor | None] = []  # each tensor's memory; None: a new copy of its bytes in a shared chunk
+    for index, ref in enumerate(manifest.tensors):
+        given = destinations.take(ref, (into or {}).get(index))
         if _owns_chunks(ref):
-            flat = torch.empty(ref.size, dtype=torch.uint8)
+            flat = given if given is not None else torch.empty(ref.size, dtype=torch.uint8)
             view = memoryview(flat.numpy()).cast("B") if ref.size else memoryview(b"")
             position = 0
             for chunk in ref.chunks:
@@ -158,7 +170,7 @@ def read_tensors(
                 if chunk.digest not in shared:
                     shared[chunk.digest] = memoryview(bytearray(chunk.size))
                     reads.append((located[chunk.digest], shared[chunk.digest]))
-            owned.append(None)
+            owned.append(given)
     by_file: dict[str, list[tuple[ChunkRef, memoryview]]] = {}
     for chunk, out in reads:
         by_file.setdefault(chunk.pack or chunk.digest, []).append((chunk, out))
@@ -174,14 +186,49 @@ def read_tensors(
             job.result()
     tensors = []
     for ref, flat in zip(manifest.tensors, owned, strict=True):
-        if flat is None:
+        if not _owns_chunks(ref):
             joined = b"".join(shared[c.digest] for c in ref.chunks) if len(ref.chunks) > 1 else None
             source = joined if joined is not None else shared[ref.chunks[0].digest]
-            piece = bytearray(source[ref.offset : ref.offset + ref.size])
-            flat = torch.frombuffer(piece, dtype=torch.uint8) if ref.size else torch.empty(0, dtype=torch.uint8)
+            piece = source[ref.offset : ref.offset + ref.size]
+            if flat is not None:
+                flat.copy_(torch.frombuffer(piece, dtype=torch.uint8))
+            elif ref.size:
+                flat = torch.frombuffer(bytearray(piece), dtype=torch.uint8)
+            else:
+                flat = torch.empty(0, dtype=torch.uint8)
         tensors.append(tensor_from_bytes(flat, dtype_from_name(ref.dtype), ref.shape))
     return tensors
 
 
 def _owns_chunks(ref: TensorRef) -> bool:
     return ref.offset == 0 and sum(chunk.size for chunk in ref.chunks) == ref.size
+
+
+class _Destinations:
+    """The caller's tensors that a restore reads into: each must match its saved tensor and own its memory alone
+    (tied weights name one storage twice; a second read into it would race the first one's hash check)."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+
+    def take(self, ref: TensorRef, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        """TENSOR's bytes as a flat uint8 tensor sharing its memory, or None when it cannot take REF's bytes."""
+        if (
+            tensor is None
+            or ref.size == 0
+            or tensor.device.type != "cpu"
+            or dtype_name(tensor.dtype) != ref.dtype
+            or list(tensor.shape) != ref.shape
+            or tensor.numel() * tensor.element_size() != ref.size
+            or not tensor.is_contiguous()
+        ):
+            return None
+        start = tensor.data_ptr()
+        end = start + ref.size
+        at = bisect.bisect_left(self._starts, start)
+        if (at < len(self._starts) and self._starts[at] < end) or (at > 0 and self._ends[at - 1] > start):
+            return None
+        self._starts.insert(at, start)
+        self._ends.insert(at, end)
+        return tensor.detach().reshape(-1).view(torch.uint8)

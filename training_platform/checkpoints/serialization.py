@@ -67,6 +67,29 @@ def unflatten_state(skeleton: bytes, tensors: list[torch.Tensor]) -> Any:
     return walk(torch.load(io.BytesIO(skeleton), weights_only=True))
 
 
+def tensors_at_same_paths(skeleton: bytes, into: Any) -> dict[int, torch.Tensor]:
+    """The tensors of `into` (a state shaped like the saved one) by the index of the saved tensor at the same path.
+
+    A path `into` lacks, or holds something else at, is left out: that tensor is read into new memory.
+    """
+    found: dict[int, torch.Tensor] = {}
+
+    def walk(node: Any, target: Any) -> None:
+        if isinstance(node, dict) and set(node) == {_TENSOR}:
+            if isinstance(target, torch.Tensor):
+                found[node[_TENSOR]] = target
+        elif isinstance(node, dict) and isinstance(target, dict):
+            for key, value in node.items():
+                if key in target:
+                    walk(value, target[key])
+        elif isinstance(node, list | tuple) and isinstance(target, list | tuple):
+            for value, other in zip(node, target, strict=False):
+                walk(value, other)
+
+    walk(torch.load(io.BytesIO(skeleton), weights_only=True), into)
+    return found
+
+
 def byte_view(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes as a flat memoryview; no copy when it is contiguous on the CPU."""
     flat = tensor.detach().cpu().contiguous().reshape(-1)

@@ -222,9 +222,13 @@ class CheckpointStore:
             runs.update(key.split("/")[1] for key in tier.list("runs") if key.count("/") >= 2)
         return sorted(runs)
 
-    def load(self, manifest: CheckpointManifest) -> Any:
+    def load(self, manifest: CheckpointManifest, into: Any = None) -> Any:
         """Load and verify one checkpoint's state (of a files checkpoint: the weights stored beside its
-        files); raises CheckpointError naming the bad file."""
+        files); raises CheckpointError naming the bad file.
+
+        INTO: a state shaped like the saved one (a resume's model and optimizer state dicts): a tensor of the same
+        path, dtype and shape is read into in place, and the state returned holds it. The rest is new memory.
+        """
         self.check_manifest(manifest)
         if manifest.skeleton is None and manifest.kind == "files":
             raise CheckpointError(
@@ -232,14 +236,14 @@ class CheckpointStore:
                 "restore it with restore_files or training_platform.checkpoints.sharded.load_sharded"
             )
         from training_platform.checkpoints.reader import ChunkReader, read_tensors
-        from training_platform.checkpoints.serialization import unflatten_state
+        from training_platform.checkpoints.serialization import tensors_at_same_paths, unflatten_state
 
         tiers = self.tiers_for(manifest)
         skeleton = ChunkReader(tiers).read(manifest.skeleton) if manifest.skeleton else None
-        tensors = read_tensors(tiers, manifest)
         if skeleton is None:
             raise CheckpointError(f"checkpoint {manifest.uri} has no state skeleton")
-        return unflatten_state(bytes(skeleton), tensors)
+        destinations = tensors_at_same_paths(bytes(skeleton), into) if into is not None else None
+        return unflatten_state(bytes(skeleton), read_tensors(tiers, manifest, into=destinations))
 
     def restore_files(self, manifest: CheckpointManifest, dest: Path) -> dict[str, Path]:
         """Write a files checkpoint into `dest`, verifying every chunk; returns name -> path."""
@@ -257,8 +261,8 @@ class CheckpointStore:
             paths[name] = path
         return paths
 
-    def restore_latest(self, run_id: str) -> Restored | None:
-        """The newest checkpoint whose hashes verify; older ones are tried in turn.
+    def restore_latest(self, run_id: str, into: Any = None) -> Restored | None:
+        """The newest checkpoint whose hashes verify; older ones are tried in turn. INTO: see `load`.
 
         None when the run has no checkpoint; raises CheckpointError (see `nothing_restores`) when
         it has some and none restores.
@@ -270,7 +274,7 @@ class CheckpointStore:
             skipped += sorted(((s, r) for s, r in unreadable.items() if s > manifest.step), reverse=True)
             unreadable = {s: r for s, r in unreadable.items() if s < manifest.step}
             try:
-                state = self.load(manifest)
+                state = self.load(manifest, into)
             except (CheckpointError, OSError, ValueError, RuntimeError) as exc:
                 log.warning("skipping checkpoint step %d: %s", manifest.step, exc)
                 skipped.append((manifest.step, str(exc)))

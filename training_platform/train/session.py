@@ -382,8 +382,12 @@ class TrainingSession:
         self._event("checkpoint_failed", step=step, error=error)
         self._reporter.info(f"checkpoint step {step} failed in the background: {error}; the next save retries")
 
-    def restore(self) -> tuple[dict[str, Any], int] | None:
+    def restore(self, into: dict[str, Any] | None = None) -> tuple[dict[str, Any], int] | None:
         """The newest verified checkpoint of this run, with this rank's RNG state restored.
+
+        INTO: the state as `save` was given it, from the model and optimizer this process built: tensors of the
+        same path, dtype and shape are read into in place (no allocation, no second copy; the load_state_dict that
+        follows finds them already there). A checkpoint that restores overwrites them whole.
 
         None on a fresh run. Raises CheckpointError, with every checkpoint's reason, when the run
         has checkpoints and none restores: starting over would save over the progress they hold.
@@ -395,7 +399,7 @@ class TrainingSession:
             distributed.set_rng_state(state["rng"][0])
             self._resumed_from_step = state["step"]
             return state["user"], state["step"]
-        restored = self._store.restore_latest(self._checkpoint_key)
+        restored = self._store.restore_latest(self._checkpoint_key, into=None if into is None else {"user": into})
         if restored is None:
             return None
         for step, reason in restored.skipped:

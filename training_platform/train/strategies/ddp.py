@@ -41,7 +41,9 @@ class DDPStrategy(Strategy):
         self.session.save(state, step, metrics)
 
     def restore(self) -> int | None:
-        restored = self.session.restore()
+        # Read into the module's own parameters and buffers (the optimizer's state exists only after its first
+        # step): load_state_dict then finds each of them in place already.
+        restored = self.session.restore(into={"model": self.module.state_dict()})
         if restored is None:
             return None
         state, step = restored
