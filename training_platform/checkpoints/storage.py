@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from training_platform.checkpoints.direct_io import AlignedAppender, open_for_append
 from training_platform.errors import CheckpointError
 
 _KEY_PART = re.compile(r"^[A-Za-z0-9_.=-]+$")
@@ -203,24 +204,30 @@ class LocalStorage:
 
 
 class AppendedObject:
-    """A file written at a temporary name (which GC's stale-temporary sweep removes if its writer dies)."""
+    """A file written at a temporary name (which GC's stale-temporary sweep removes if its writer dies), past the
+    page cache where the filesystem allows (direct_io.py): a pack is a save's bulk."""
 
     def __init__(self, path: Path):
         self.path = path
         self._tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd = open_for_append(self._tmp)
+        self._appender = AlignedAppender(self._fd)
         self.size = 0
+
+    @property
+    def direct(self) -> bool:
+        """Written with O_DIRECT (until commit)."""
+        return self._appender.direct
 
     def append(self, data: Buffer) -> None:
         view = memoryview(data).cast("B")
-        while view:
-            written = os.write(self._fd, view[:_WRITE_BLOCK])
-            view = view[written:]
-            self.size += written
+        self._appender.append(view)
+        self.size += len(view)
 
     def commit(self) -> None:
-        """fsync and rename into place; the directory's fsync is the caller's (Storage.sync)."""
+        """Write the rest, fsync and rename into place; the directory's fsync is the caller's (Storage.sync)."""
         try:
+            self._appender.finish(self.size)
             os.fsync(self._fd)
         except BaseException:
             self.abort()
@@ -231,6 +238,7 @@ class AppendedObject:
 
     def abort(self) -> None:
         if self._fd >= 0:
+            self._appender.close()
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = -1

@@ -123,10 +123,9 @@ store = open_store(sys.argv[1])
 checkpointer = AsyncCheckpointer(store)
 checkpointer.save_async("r", 1, {f"layer{i}": torch.full((1 << 18,), 1.0 + i) for i in range(4)})
 assert checkpointer.wait().ok
-stored = lambda: sum(path.stat().st_size for path in store.storage.root.rglob("*") if path.is_file())
-written = stored()
 checkpointer.save_async("r", 2, {f"layer{i}": torch.full((1 << 18,), 10.0 + i) for i in range(4)})  # an hour's pace
-while stored() < written + (1 << 20):  # its first turn is written (in a pack named once sealed); the next: 15 min
+# Its first turn is being written: into a pack, at a temporary name until sealed. The next turn: in 15 minutes.
+while not any(path.name.endswith(".tmp") for path in store.storage.root.rglob(".*")):
     pass
 print(checkpointer.writer_pid, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
