@@ -12,6 +12,7 @@ import hashlib
 import io
 import os
 import threading
+from collections.abc import Callable
 from urllib.parse import parse_qs, urlparse
 
 import boto3
@@ -19,7 +20,7 @@ from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from training_platform.checkpoints.storage import Buffer, ObjectInfo, validate_key
+from training_platform.checkpoints.storage import Buffer, NotWanted, ObjectInfo, validate_key
 from training_platform.errors import CheckpointError
 
 # Objects above this go up in parallel parts; our chunks are 64 MiB, so 4 parts each.
@@ -125,7 +126,12 @@ class S3Storage:
             "Check that the S3 endpoint is reachable and the bucket exists."
         )
 
-    def put(self, key: str, data: Buffer, *, sync_parent: bool = True) -> None:
+    def put(
+        self, key: str, data: Buffer, *, sync_parent: bool = True, visible_if: Callable[[], bool] | None = None
+    ) -> None:
+        """A PUT is what makes an object visible: `visible_if` is asked right before it (LocalStorage.put)."""
+        if visible_if is not None and not visible_if():
+            raise NotWanted(f"{self.uri}/{key} was not wanted any more")
         view = memoryview(data).cast("B")
         extra = {"StorageClass": self.storage_class} if self.storage_class else {}
         try:

@@ -11,6 +11,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -37,6 +38,10 @@ def validate_key(key: str) -> str:
     return key
 
 
+class NotWanted(CheckpointError):
+    """A put whose `visible_if` said no: nothing was made visible."""
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     key: str
@@ -49,7 +54,9 @@ class Storage(Protocol):
 
     uri: str
 
-    def put(self, key: str, data: Buffer, *, sync_parent: bool = True) -> None: ...
+    def put(
+        self, key: str, data: Buffer, *, sync_parent: bool = True, visible_if: Callable[[], bool] | None = None
+    ) -> None: ...
 
     def get(self, key: str) -> bytes: ...
 
@@ -83,8 +90,14 @@ class LocalStorage:
     def _path(self, key: str) -> Path:
         return self.root / validate_key(key)
 
-    def put(self, key: str, data: Buffer, *, sync_parent: bool = True) -> None:
-        """Write to a temporary name, fsync, rename; `sync_parent=False` defers the dir fsync to sync()."""
+    def put(
+        self, key: str, data: Buffer, *, sync_parent: bool = True, visible_if: Callable[[], bool] | None = None
+    ) -> None:
+        """Write to a temporary name, fsync, rename; `sync_parent=False` defers the dir fsync to sync().
+
+        `visible_if`: asked once the bytes are durable, right before the rename makes them visible; False leaves
+        nothing behind and raises NotWanted (a manifest whose trainer died during its fsync is not published).
+        """
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
@@ -95,6 +108,8 @@ class LocalStorage:
                 written = os.write(fd, view[:_WRITE_BLOCK])
                 view = view[written:]
             os.fsync(fd)
+            if visible_if is not None and not visible_if():
+                raise NotWanted(f"{self.uri}/{key} was not wanted any more once written")
         except BaseException:
             os.close(fd)
             tmp.unlink(missing_ok=True)

@@ -48,7 +48,7 @@ from training_platform.checkpoints.manifest import (
 from training_platform.checkpoints.pacing import Pacer
 from training_platform.checkpoints.packs import PACKS, PackWriter, packed_chunks, packs_supported
 from training_platform.checkpoints.signing import ManifestSigner
-from training_platform.checkpoints.storage import Storage
+from training_platform.checkpoints.storage import NotWanted, Storage
 from training_platform.errors import CheckpointError
 
 CHUNK_BYTES = 64 << 20
@@ -314,11 +314,17 @@ def protect_reused(
 
 
 def publish(
-    storage: Storage, manifest: CheckpointManifest, signer: ManifestSigner, leases: Sequence[str | None] = ()
+    storage: Storage,
+    manifest: CheckpointManifest,
+    signer: ManifestSigner,
+    leases: Sequence[str | None] = (),
+    visible_if: Callable[[], bool] | None = None,
 ) -> CheckpointManifest:
-    """Seal, sign and write the manifest (the moment the checkpoint becomes visible), then drop leases."""
+    """Seal, sign and write the manifest (the moment the checkpoint becomes visible), then drop leases.
+    `visible_if`: asked once the manifest is durable, right before it becomes visible (Storage.put)."""
     manifest = signer.seal(manifest.with_format())
-    storage.put(manifest_key(manifest.run_id, manifest.step), manifest.model_dump_json(indent=1).encode())
+    body = manifest.model_dump_json(indent=1).encode()
+    storage.put(manifest_key(manifest.run_id, manifest.step), body, visible_if=visible_if)
     for lease in leases:
         if lease:
             storage.delete(lease)
@@ -360,12 +366,18 @@ class StagedCheckpoint:
                 stall_seconds=stats.stall_seconds,
                 background_seconds=stats.background_seconds,
             )
+            abandoned = CheckpointError(
+                f"checkpoint step {self.manifest.step} of run {self.manifest.run_id} was abandoned before "
+                "its manifest: the process that asked for it is gone"
+            )
             if still_wanted is not None and not still_wanted():
-                raise CheckpointError(
-                    f"checkpoint step {self.manifest.step} of run {self.manifest.run_id} was abandoned before "
-                    "its manifest: the process that asked for it is gone"
-                )
-            return publish(self.storage, self.manifest, self.signer, [self.lease])
+                raise abandoned
+            try:
+                # Asked again once the manifest is durable: its fsync takes milliseconds, in which a trainer killed
+                # meanwhile (its job reported failed) would still get its checkpoint.
+                return publish(self.storage, self.manifest, self.signer, [self.lease], visible_if=still_wanted)
+            except NotWanted:
+                raise abandoned from None
         except Exception:
             if self.lease:  # a lease left behind would keep the chunks from GC for a day
                 with contextlib.suppress(Exception):  # the error that matters is the one raised

@@ -54,8 +54,8 @@ class SlowClockStorage(LocalStorage):
     """A filesystem whose clock is two hours behind this machine's (a file server, say): what
     GC sees when the local clock runs two hours fast."""
 
-    def put(self, key: str, data: Buffer, *, sync_parent: bool = True) -> None:
-        super().put(key, data, sync_parent=sync_parent)
+    def put(self, key: str, data: Buffer, **options) -> None:
+        super().put(key, data, **options)
         behind = time.time() - 7200
         os.utime(self._path(key), (behind, behind))
 

@@ -58,9 +58,9 @@ class HeldStorage(LocalStorage):
         self.hook(f"listed {prefix}", "")
         return infos
 
-    def put(self, key: str, data, *, sync_parent: bool = True) -> None:
+    def put(self, key: str, data, **options) -> None:
         self.hook("put", key)
-        super().put(key, data, sync_parent=sync_parent)
+        super().put(key, data, **options)
 
 
 def leave_as_old_garbage(storage: LocalStorage) -> None:

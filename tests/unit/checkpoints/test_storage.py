@@ -8,7 +8,7 @@ import time
 import pytest
 
 from training_platform.checkpoints.layout import manifest_key, pin_key, run_prefix
-from training_platform.checkpoints.storage import LocalStorage, validate_key
+from training_platform.checkpoints.storage import LocalStorage, NotWanted, validate_key
 
 
 @pytest.mark.parametrize(
@@ -61,3 +61,21 @@ def test_temporaries_of_killed_writers_are_invisible_and_cleaned(tmp_path):
     os.utime(stale, (old, old))
     assert storage.list("chunks") == []
     assert storage.remove_stale_temporaries(3600) == 1 and not stale.exists()
+
+
+def test_a_put_no_longer_wanted_once_durable_makes_nothing_visible(tmp_path):
+    """A manifest whose trainer died during its fsync: asked after the bytes are durable, before the rename."""
+    storage = LocalStorage(tmp_path)
+    asked = []
+
+    def wanted() -> bool:
+        temporaries = [path.read_bytes() for path in (tmp_path / "runs" / "r").glob(".*.tmp")]
+        asked.append((storage.exists("runs/r/1.json"), temporaries))
+        return False
+
+    with pytest.raises(NotWanted):
+        storage.put("runs/r/1.json", b"manifest", visible_if=wanted)
+    assert asked == [(False, [b"manifest"])]
+    assert list((tmp_path / "runs" / "r").iterdir()) == []
+    storage.put("runs/r/1.json", b"manifest", visible_if=lambda: True)
+    assert storage.get("runs/r/1.json") == b"manifest"
