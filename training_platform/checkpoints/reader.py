@@ -189,13 +189,12 @@ def read_tensors(
         if not _owns_chunks(ref):
             joined = b"".join(shared[c.digest] for c in ref.chunks) if len(ref.chunks) > 1 else None
             source = joined if joined is not None else shared[ref.chunks[0].digest]
-            piece = source[ref.offset : ref.offset + ref.size]
-            if flat is not None:
-                flat.copy_(torch.frombuffer(piece, dtype=torch.uint8))
-            elif ref.size:
-                flat = torch.frombuffer(bytearray(piece), dtype=torch.uint8)
-            else:
-                flat = torch.empty(0, dtype=torch.uint8)
+            piece = bytearray(source[ref.offset : ref.offset + ref.size])
+            loaded = torch.frombuffer(piece, dtype=torch.uint8) if ref.size else torch.empty(0, dtype=torch.uint8)
+            if flat is None:
+                flat = loaded
+            else:  # a small tensor of the caller's: its bytes copied in (they were read into the shared chunk)
+                flat.copy_(loaded)
         tensors.append(tensor_from_bytes(flat, dtype_from_name(ref.dtype), ref.shape))
     return tensors
 
