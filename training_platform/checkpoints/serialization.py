@@ -50,7 +50,14 @@ def flatten_state(state: Any, *, to_cpu: bool = True) -> tuple[bytes, list[torch
     return buffer.getvalue(), tensors
 
 
-def unflatten_state(skeleton: bytes, tensors: list[torch.Tensor]) -> Any:
+def read_skeleton(skeleton: bytes) -> Any:
+    """The skeleton's tree of containers and scalars (weights_only: nothing in it is unpickled as code)."""
+    return torch.load(io.BytesIO(skeleton), weights_only=True)
+
+
+def unflatten_state(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    """SKELETON: read_skeleton's tree, its tensor references replaced by TENSORS."""
+
     def walk(node: Any) -> Any:
         if isinstance(node, dict):
             if set(node) == {_TENSOR}:
@@ -64,10 +71,10 @@ def unflatten_state(skeleton: bytes, tensors: list[torch.Tensor]) -> Any:
             return tuple(walk(value) for value in node)
         return node
 
-    return walk(torch.load(io.BytesIO(skeleton), weights_only=True))
+    return walk(skeleton)
 
 
-def tensors_at_same_paths(skeleton: bytes, into: Any) -> dict[int, torch.Tensor]:
+def tensors_at_same_paths(skeleton: Any, into: Any) -> dict[int, torch.Tensor]:
     """The tensors of `into` (a state shaped like the saved one) by the index of the saved tensor at the same path.
 
     A path `into` lacks, or holds something else at, is left out: that tensor is read into new memory.
@@ -86,7 +93,7 @@ def tensors_at_same_paths(skeleton: bytes, into: Any) -> dict[int, torch.Tensor]
             for value, other in zip(node, target, strict=False):
                 walk(value, other)
 
-    walk(torch.load(io.BytesIO(skeleton), weights_only=True), into)
+    walk(skeleton, into)
     return found
 
 

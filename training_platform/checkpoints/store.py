@@ -236,14 +236,15 @@ class CheckpointStore:
                 "restore it with restore_files or training_platform.checkpoints.sharded.load_sharded"
             )
         from training_platform.checkpoints.reader import ChunkReader, read_tensors
-        from training_platform.checkpoints.serialization import tensors_at_same_paths, unflatten_state
+        from training_platform.checkpoints.serialization import read_skeleton, tensors_at_same_paths, unflatten_state
 
         tiers = self.tiers_for(manifest)
         skeleton = ChunkReader(tiers).read(manifest.skeleton) if manifest.skeleton else None
         if skeleton is None:
             raise CheckpointError(f"checkpoint {manifest.uri} has no state skeleton")
-        destinations = tensors_at_same_paths(bytes(skeleton), into) if into is not None else None
-        return unflatten_state(bytes(skeleton), read_tensors(tiers, manifest, into=destinations))
+        tree = read_skeleton(bytes(skeleton))  # once: it places both the destinations and the tensors read
+        destinations = tensors_at_same_paths(tree, into) if into is not None else None
+        return unflatten_state(tree, read_tensors(tiers, manifest, into=destinations))
 
     def restore_files(self, manifest: CheckpointManifest, dest: Path) -> dict[str, Path]:
         """Write a files checkpoint into `dest`, verifying every chunk; returns name -> path."""
