@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystemBase
 
+from training_platform.checkpoints.copying import copy_bytes
 from training_platform.checkpoints.manifest import ChunkRef, FileRef
 from training_platform.checkpoints.reader import READ_WORKERS, ChunkReader
 from training_platform.checkpoints.storage import Buffer
@@ -177,8 +178,7 @@ class _ChunkStream(io.RawIOBase):
             if self._buffer is None:
                 self._buffer = _BUFFERS.take()
             take = min(len(view) - done, CHUNK_BYTES - self._filled)
-            # A memoryview's slice assignment is one memcpy (a bytearray's copies its source first).
-            memoryview(self._buffer)[self._filled : self._filled + take] = view[done : done + take]
+            copy_bytes(memoryview(self._buffer)[self._filled : self._filled + take], view[done : done + take])
             self._filled += take
             done += take
             if self._filled == CHUNK_BYTES:

@@ -18,6 +18,8 @@ import fcntl
 import mmap
 import os
 
+from training_platform.checkpoints.copying import copy_bytes
+
 ALIGN = 4096
 """A multiple of any block size O_DIRECT asks for on the disks we run on (512 or 4096)."""
 BUFFER_BYTES = 4 << 20
@@ -54,7 +56,7 @@ class AlignedAppender:
     def append(self, data: memoryview) -> None:
         while data:
             take = min(len(data), len(self._view) - self._filled)
-            self._view[self._filled : self._filled + take] = data[:take]
+            copy_bytes(self._view[self._filled : self._filled + take], data[:take])
             self._filled += take
             data = data[take:]
             if self._filled == len(self._view):

@@ -20,6 +20,7 @@ from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from training_platform.checkpoints.copying import copy_bytes
 from training_platform.checkpoints.storage import Buffer, NotWanted, ObjectInfo, validate_key
 from training_platform.errors import CheckpointError
 
@@ -270,7 +271,7 @@ class _ReadableView(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         piece = self._view[self._pos : self._pos + len(buffer)]
-        memoryview(buffer).cast("B")[: len(piece)] = piece
+        copy_bytes(memoryview(buffer).cast("B")[: len(piece)], piece)  # in a training process's thread too
         self._pos += len(piece)
         return len(piece)
 
