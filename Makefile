@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export TP_HOME ?= $(CURDIR)/.data
 export DAGSTER_HOME ?= $(TP_HOME)/dagster
 
-.PHONY: demo test test-unit ui lint bench clean
+.PHONY: demo test test-unit ui lint bench device-kit clean
 
 $(BIN)/tp: pyproject.toml constraints.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,20 @@ lint: $(BIN)/tp
 
 bench: $(BIN)/tp
 	for b in benchmarks/*.py; do $(BIN)/python $$b; done
+
+# Wheels of what a GPU machine's python3 lacks (it has torch, numpy, pytest, psutil, ...), at the versions this
+# venv tests, for benchmarks/device_checks.sh. DeepSpeed is built here as a pure-Python wheel (its ops compile on
+# first use; the platform's DeepSpeed strategy uses none).
+DEVICE_PYTHON ?= 3.12
+DEVICE_WHEELS := pydantic pydantic_core annotated_types typing_inspection blake3 hjson
+device-kit: $(BIN)/tp
+	rm -rf .whl && mkdir .whl
+	$(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version $(DEVICE_PYTHON) --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+		$$($(BIN)/python -c 'import sys, importlib.metadata as m; print(*(f"{n}=={m.version(n)}" for n in sys.argv[1:]))' $(DEVICE_WHEELS))
+	DS_BUILD_OPS=0 $(BIN)/pip wheel --quiet --no-deps --no-build-isolation -w .whl \
+		deepspeed==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("deepspeed"))')
+	du -sh .whl
 
 clean:
 	rm -rf .data

@@ -295,6 +295,14 @@ def measure_cuda(model: nn.Module, batch: torch.Tensor, workdir: Path, repeats: 
     }
 
 
+def print_cuda(cuda: dict[str, float]) -> None:
+    """The GPU case's figures: its stall against torch.save of the same state, steps during a save against without."""
+    print(f"cuda_stall_ratio: {cuda['stall_ratio']:.3f}")
+    print(f"cuda_step_slowdown_during_save: {cuda['step_slowdown_during_save']:.3f}")
+    for key in ("stall_s", "background_s"):
+        print(f"detail_cuda_{key}: {cuda[key]:.3f}")
+
+
 # ----- the run -----------------------------------------------------------------------------------
 def print_sharded(sharded: dict[str, float]) -> None:
     """The FSDP case's figures: stall against DCP's own synchronous save, steps during a save against without."""
@@ -317,6 +325,7 @@ def main() -> None:
     parser.add_argument(
         "--cuda", action="store_true", help="also measure stall and step slowdown with the model on the GPU"
     )
+    parser.add_argument("--cuda-only", action="store_true", help="measure only the GPU's stall and step slowdown")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="tp-ckpt-bench-", dir=args.dir))
@@ -339,6 +348,9 @@ def main() -> None:
         state = state_of(model, optimizer)
         nbytes = state_bytes(state)
         print(f"detail_state_bytes: {nbytes}", flush=True)
+        if args.cuda_only:
+            print_cuda(measure_cuda(model, batch, workdir, args.repeats))
+            return
         if args.s3_only:
             s3 = measure_s3(state, nbytes, workdir, max(2, args.repeats - 1))
             print(f"s3_upload_ratio: {s3['plain'] / s3['ours']:.3f}")
@@ -406,8 +418,7 @@ def main() -> None:
         print(f"detail_raw_read_MBps: {mb / raw_read_s:.0f}")
         print(f"detail_restore_MBps: {mb / restore_s:.0f}")
         if cuda is not None:
-            for key, value in cuda.items():
-                print(f"detail_cuda_{key}: {value:.3f}")
+            print_cuda(cuda)
         if s3 is not None:
             print(f"detail_s3_plain_upload_MBps: {mb / s3['plain']:.0f}")
             print(f"detail_s3_ours_upload_MBps: {mb / s3['ours']:.0f}")

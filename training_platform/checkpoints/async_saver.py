@@ -96,6 +96,16 @@ class _StagingBuffer:
         os.close(self.fd)
 
 
+def _written_events(tensors: list[torch.Tensor]) -> dict[torch.device, torch.cuda.Event]:
+    """For each GPU the tensors are on, an event on the caller's current stream there: a copy that waits for it
+    reads the tensors as the kernels queued so far leave them."""
+    events = {}
+    for device in {tensor.device for tensor in tensors if tensor.is_cuda}:
+        events[device] = torch.cuda.Event()
+        events[device].record(torch.cuda.current_stream(device))
+    return events
+
+
 class AsyncCheckpointer:
     """Checkpoint a training state in the background; `save_async` returns after the snapshot (with
     `overlap`, once its copy has started).
@@ -144,6 +154,8 @@ class AsyncCheckpointer:
         self._hurried = False
         """the writer was told that every save sent so far is waited for"""
         self._copier: ThreadPoolExecutor | None = None
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        """a copy stream per GPU the saved states were on"""
         self._copying: tuple[Future, dict, float] | None = None
         """an overlapped snapshot being copied: its copy, its request to the writer, the stall so far"""
 
@@ -189,12 +201,13 @@ class AsyncCheckpointer:
         try:
             self._ensure_writer()
             layout = self._layout(tensors)
+            written = _written_events(tensors)  # the state as the caller's streams have it now
             if overlap:
                 if self._copier is None:
                     self._copier = ThreadPoolExecutor(1, thread_name_prefix="tp-ckpt-copy")
-                copy = self._copier.submit(self._copy, tensors, layout)
+                copy = self._copier.submit(self._copy, tensors, layout, written)
             else:
-                self._copy(tensors, layout)
+                self._copy(tensors, layout, written)
         except Exception as exc:
             self._record(SaveResult(run_id, step, error=f"snapshot failed: {exc}"))
             return
@@ -326,20 +339,31 @@ class AsyncCheckpointer:
             offset += _aligned(size)
         return layout
 
-    def _copy(self, tensors: list[torch.Tensor], layout: list[tuple[int, int, str, list[int]]]) -> None:
-        """Copy the tensors into the staging buffer (on a GPU: on this thread's stream, after the kernels that
-        wrote them)."""
+    def _copy(self, tensors: list[torch.Tensor], layout: list[tuple[int, int, str, list[int]]], written: dict) -> None:
+        """Copy the tensors into the staging buffer. On a GPU: on a side stream of each device, after the kernels
+        the caller had queued when it saved (WRITTEN: an event on its stream), so the copy engine runs beside the
+        next step's kernels instead of queued between them; waits for those copies only."""
         staging = self._staging.tensor
-        on_gpu = any(t.is_cuda for t in tensors)
-        if on_gpu:
+        if written:
             self._staging.pin()
+        streams = {device: self._side_stream(device, event) for device, event in written.items()}
         for tensor, (offset, size, _, _) in zip(tensors, layout, strict=True):
-            if size:
+            if not size:
+                continue
+            with torch.cuda.stream(streams[tensor.device]) if tensor.is_cuda else contextlib.nullcontext():
                 source = tensor.contiguous().reshape(-1).view(torch.uint8)
-                # Device-to-host copies into pinned memory run asynchronously; one sync below.
+                # Device-to-host copies into pinned memory run asynchronously; one sync per device below.
                 staging[offset : offset + size].copy_(source, non_blocking=tensor.is_cuda)
-        if on_gpu:
-            torch.cuda.synchronize()
+        for stream in streams.values():
+            stream.synchronize()
+
+    def _side_stream(self, device: torch.device, written: torch.cuda.Event) -> torch.cuda.Stream:
+        """DEVICE's copy stream (made once), waiting for WRITTEN."""
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device)
+        stream.wait_event(written)
+        return stream
 
     def _ensure_buffer(self, size: int) -> None:
         if self._staging is not None and self._staging.size >= size:
