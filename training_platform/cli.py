@@ -24,7 +24,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from training_platform import runs_cli
+from training_platform import checkpoints_cli, runs_cli
 from training_platform.cli_common import JsonFlag, client, console, emit, fail, follow_run, home, say
 from training_platform.client import SERVER_URL_ENV
 from training_platform.client.retrain import follow_retrain, launch_retrain
@@ -58,6 +58,7 @@ app.add_typer(snapshots_app, name="snapshots")
 for command in (runs_cli.runs, runs_cli.logs, runs_cli.cancel, runs_cli.resume, runs_cli.reproduce):
     app.command()(command)
 app.command("gc")(lifecycle_commands.gc)
+app.command("checkpoints")(checkpoints_cli.checkpoints)
 
 
 def keep_stop_signals_deliverable() -> None:

@@ -65,8 +65,8 @@ def show(report: LifecycleReport, settings_file: str) -> None:
         stores.add_row(
             store.uri,
             store.cold_uri or "-",
-            _size(gc.stored_bytes),
-            _size(gc.deleted_bytes),
+            size_text(gc.stored_bytes),
+            size_text(gc.deleted_bytes),
             str(gc.deleted_chunks),
             str(waiting),
         )
@@ -76,7 +76,7 @@ def show(report: LifecycleReport, settings_file: str) -> None:
             runs.add_row(
                 store.uri,
                 run or "(no run: unfinished saves, older removals)",
-                _size(freed.bytes if freed else 0),
+                size_text(freed.bytes if freed else 0),
                 str(freed.chunks if freed else 0),
                 ", ".join(map(str, moved)) or "-",
             )
@@ -96,12 +96,13 @@ def show(report: LifecycleReport, settings_file: str) -> None:
     if report.registry_error:
         say(f"[yellow]model registry unreadable, pins left as they are:[/yellow] {report.registry_error}")
     say(
-        f"{verb} {_size(report.freed_bytes)} in {report.freed_chunks} chunks; chunks younger than "
+        f"{verb} {size_text(report.freed_bytes)} in {report.freed_chunks} chunks; chunks younger than "
         f"{report.grace_seconds / 3600:g} h wait (saves may be in flight). Settings: {settings_file}"
     )
 
 
-def _size(count: int) -> str:
+def size_text(count: float) -> str:
+    """COUNT bytes as B, KiB, MiB or GiB."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if count < 1024 or unit == "GiB":
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"

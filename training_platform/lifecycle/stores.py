@@ -9,6 +9,7 @@ from pathlib import Path
 from training_platform.attempts import RECORD_FILE
 from training_platform.checkpoints.store import open_storage
 from training_platform.errors import CheckpointError
+from training_platform.identifiers import contained
 from training_platform.lifecycle.settings import DEFAULT_STORE, LifecycleSettings
 from training_platform.paths import PlatformHome
 from training_platform.run_registry import open_run_registry
@@ -31,6 +32,13 @@ def home_store_uris(home: PlatformHome, settings: LifecycleSettings, default_uri
     for uri in uris:
         seen.setdefault(_canonical(uri), uri)
     return list(seen.values())
+
+
+def run_store_uri(home: PlatformHome, run_id: str, default_uri: str | None = None) -> str:
+    """The store the run saved to: the one its last attempt recorded, else its spec's, else the home's default."""
+    named = _named(_read(contained(home.runs, run_id, RECORD_FILE)), ("store_uri",))
+    named = named or _named(open_run_registry(home).get(run_id), ("checkpoint", "store_uri"))
+    return named[0] if named else default_uri or str(home.checkpoints)
 
 
 def _named(text: str | None, path: tuple[str, ...]) -> list[str]:
