@@ -39,7 +39,6 @@ from training_platform.checkpoints.layout import (
     is_object_name,
     pack_index_key,
     pack_key,
-    pack_of_index_key,
     parse_trash_key,
     step_of_manifest_key,
     trash_key,
@@ -300,11 +299,14 @@ def _put_back(storage: Storage, key: str, original: str, report: GcReport) -> No
 
 
 def _delete_aside(storage: Storage, key: str, original: str) -> None:
-    """Delete what was set aside from ORIGINAL; a pack's index goes after the pack (an index names no bytes
-    that are gone), unless the pack is back in its place (put back by another GC)."""
-    storage.delete(key)
+    """Delete what was set aside from ORIGINAL. A pack's index goes first, unless the pack is back in its place
+    (put back by another GC): a GC that dies between the two deletes leaves a pack in trash/ with no index,
+    which the next one settles as named by nothing, never an index without its pack. (Sweeping such indexes
+    instead took kept ones: a pack that other GCs set aside and put back while one listed packs/ and trash/
+    is in neither listing.)"""
     if original.startswith(f"{PACKS}/") and not storage.exists(original):
         storage.delete(pack_index_key(original.rsplit("/", 1)[-1]))
+    storage.delete(key)
 
 
 def _settle_left_aside(storage: Storage, now: float, referenced: set[str], report: GcReport) -> None:
@@ -320,16 +322,6 @@ def _settle_left_aside(storage: Storage, now: float, referenced: set[str], repor
             _put_back(storage, key, original, report)
         else:
             _delete_aside(storage, key, original)
-
-
-def _drop_orphan_indexes(storage: Storage, old_before: float) -> None:
-    """Indexes whose pack is gone (a GC that died between the two deletes), once old."""
-    listed = storage.list_info(PACKS)
-    present = {info.key.rsplit("/", 1)[-1] for info in listed} | {parse_trash_key(k)[0] for k in storage.list(TRASH)}
-    for info in listed:
-        pack_id = pack_of_index_key(info.key)
-        if pack_id is not None and pack_id not in present and info.modified <= old_before:
-            storage.delete(info.key)
 
 
 def collect_garbage(storage: Storage, grace_seconds: float = 3600.0, *, dry_run: bool = False) -> GcReport:
@@ -403,7 +395,6 @@ def collect_garbage(storage: Storage, grace_seconds: float = 3600.0, *, dry_run:
             GC_DELETE_WINDOW_SECONDS,
         )
     removals.drop_settled(young | {digest for stored in candidates for digest in stored.chunks})
-    _drop_orphan_indexes(storage, now - grace_seconds)
     if hasattr(storage, "remove_stale_temporaries"):
         # Not the chunk grace: a temporary may belong to a put in progress right now.
         storage.remove_stale_temporaries(STALE_TEMPORARY_SECONDS, now=now)

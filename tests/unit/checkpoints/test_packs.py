@@ -11,8 +11,8 @@ import os
 import pytest
 import torch
 
-from training_platform.checkpoints import CheckpointStore, open_store, packs
-from training_platform.checkpoints.layout import chunk_key, pack_index_key, pack_key, trash_key
+from training_platform.checkpoints import CheckpointStore, open_store, packs, retention
+from training_platform.checkpoints.layout import chunk_key, pack_index_key, pack_key, parse_trash_key, trash_key
 from training_platform.checkpoints.manifest import FORMAT_VERSION, UNPACKED_FORMAT
 from training_platform.checkpoints.packs import read_pack_index
 from training_platform.checkpoints.retention import STALE_TRASH_SECONDS, storage_now
@@ -217,3 +217,40 @@ def test_a_pack_write_that_fails_fails_the_save_and_leaves_nothing(store, monkey
         store.save("r", 2, state(seed=5))
     assert [m.step for m in store.list("r")] == [1]
     assert stored_files(store) == before  # no pack, index or temporary left behind
+
+
+
+def test_a_gc_that_dies_between_its_two_deletes_leaves_a_pack_in_trash_never_an_index_without_its_pack(
+    store, monkeypatch
+):
+    """A pack GC takes loses its index first, then its bytes. One that died in between left a pack in trash/
+    that the next GC deletes as named by nothing; an index whose pack is gone is never left for a sweep (one
+    took the indexes of kept packs that other GCs set aside and put back while it listed)."""
+    store.save("r", 1, state())
+    storage = store.storage
+    store.storage.delete(f"runs/r/{1:012d}.json")  # nothing reads from its packs now
+    for key in storage.list("packs"):
+        age(store, key)
+    packs_before = pack_files(store)
+    deleted = storage.delete
+
+    def dies_at_a_trash_delete(key: str) -> None:
+        if key.startswith("trash/"):
+            raise KeyboardInterrupt("the GC's process was killed")  # not an OSError: nothing handles it
+        deleted(key)
+
+    monkeypatch.setattr(storage, "delete", dies_at_a_trash_delete)
+    with pytest.raises(KeyboardInterrupt):
+        store.gc(grace_seconds=GRACE)
+    monkeypatch.setattr(storage, "delete", deleted)
+    indexes = {key for key in storage.list("packs") if key.endswith(".json")}
+    in_trash = {parse_trash_key(key)[0] for key in storage.list("trash")}
+    assert in_trash and in_trash <= packs_before  # set aside: the one it was deleting, and the rest of its round
+    assert indexes <= {pack_index_key(pack) for pack in pack_files(store) | in_trash}  # none without its pack
+    assert len(in_trash) - len(indexes) == 1  # the one it was deleting has lost only its index
+
+    monkeypatch.setattr(retention, "STALE_TRASH_SECONDS", 0.0)  # what the dead GC left is old enough now
+    store.gc(grace_seconds=GRACE)
+
+    assert storage.list("trash") == [] and pack_files(store).isdisjoint(packs_before)
+    assert [key for key in storage.list("packs") if key.endswith(".json")] == []
