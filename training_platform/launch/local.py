@@ -205,6 +205,11 @@ class LocalLauncher:
         exit_file = workdir / EXIT_CODE_FILE
         if not exit_file.is_file():
             return JobStatus(JobState.CANCELLED, reason="the launcher process was terminated")
+        if _group_alive(pid) and time.time() - exit_file.stat().st_mtime < KILL_WAIT_S:
+            # The job's shell SIGKILLs its group as it ends; a process of it still inside a system call (a writer's
+            # rename that publishes a checkpoint, slow under a busy disk's journal) has yet to leave. The job ends
+            # once it is gone, so a run reported failed gains no checkpoint afterwards.
+            return JobStatus(JobState.RUNNING)
         code = int(exit_file.read_text().strip() or 1)
         if code == 0:
             return JobStatus(JobState.SUCCEEDED, exit_code=0)

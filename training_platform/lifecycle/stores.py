@@ -34,11 +34,12 @@ def home_store_uris(home: PlatformHome, settings: LifecycleSettings, default_uri
     return list(seen.values())
 
 
-def run_store_uri(home: PlatformHome, run_id: str, default_uri: str | None = None) -> str:
-    """The store the run saved to: the one its last attempt recorded, else its spec's, else the home's default."""
+def run_store_uri(home: PlatformHome, run_id: str) -> str:
+    """The store the run saved to: the one its last attempt recorded, else its spec's, else the home's own (where
+    a worker saves when its spec names none)."""
     named = _named(_read(contained(home.runs, run_id, RECORD_FILE)), ("store_uri",))
     named = named or _named(open_run_registry(home).get(run_id), ("checkpoint", "store_uri"))
-    return named[0] if named else default_uri or str(home.checkpoints)
+    return named[0] if named else str(home.checkpoints)
 
 
 def _named(text: str | None, path: tuple[str, ...]) -> list[str]:
