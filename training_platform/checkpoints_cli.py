@@ -21,7 +21,7 @@ from training_platform.lifecycle.commands import size_text
 from training_platform.redaction import redact
 
 if TYPE_CHECKING:
-    from training_platform.checkpoints.store import CheckpointStore, RunCheckpoints
+    from training_platform.checkpoints.store import CheckpointStore
 
 
 def checkpoints(
@@ -57,7 +57,7 @@ def checkpoints(
 def listing_of(store: CheckpointStore, run_id: str) -> dict[str, Any]:
     """The run's checkpoints (oldest step first) with their pins and whether each restores, the manifests that do
     not parse, and the step a resume would continue from."""
-    found: RunCheckpoints = store.scan(run_id)
+    found = store.scan(run_id)
     pins: dict[int, list[str]] = {}
     for pin in store.pins(run_id):
         pins.setdefault(pin.step, []).append(pin.reason)

@@ -339,7 +339,12 @@ class AsyncCheckpointer:
             offset += _aligned(size)
         return layout
 
-    def _copy(self, tensors: list[torch.Tensor], layout: list[tuple[int, int, str, list[int]]], written: dict) -> None:
+    def _copy(
+        self,
+        tensors: list[torch.Tensor],
+        layout: list[tuple[int, int, str, list[int]]],
+        written: dict[torch.device, torch.cuda.Event],
+    ) -> None:
         """Copy the tensors into the staging buffer. On a GPU: on a side stream of each device, after the kernels
         the caller had queued when it saved (WRITTEN: an event on its stream), so the copy engine runs beside the
         next step's kernels instead of queued between them; waits for those copies only."""
