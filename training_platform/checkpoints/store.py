@@ -104,9 +104,13 @@ class CheckpointStore:
         state: Any,
         metrics: dict[str, float] | None = None,
         *,
-        stall_seconds: float = 0.0,
+        stall_seconds: float | None = None,
     ) -> tuple[CheckpointManifest, SaveStats]:
-        """Write a checkpoint synchronously; returns (manifest, stats)."""
+        """Write a checkpoint synchronously; returns (manifest, stats).
+
+        `stall_seconds`: what the save cost the caller's loop, for the save's record; None (a caller that waits for
+        it): the save's own time, measured.
+        """
         from training_platform.checkpoints.serialization import flatten_state, tensor_blob
 
         skeleton, tensors = flatten_state(state)

@@ -344,6 +344,8 @@ class StagedCheckpoint:
     settled_at: float
     """monotonic time from which the reused chunks can be re-checked"""
     started: float
+    caller_waits: bool = False
+    """the caller waits for the whole save (a synchronous save): all of it, settle included, is its stall"""
 
     def release_snapshot(self) -> None:
         """Drop the references into the caller's buffer, which it is about to reuse: a reused
@@ -357,9 +359,11 @@ class StagedCheckpoint:
         time.sleep(settle)
         try:
             recheck_reused(self.storage, self.stats)
-            stats = self.stats
+            stats, took = self.stats, time.monotonic() - self.started
+            if self.caller_waits:
+                stats.stall_seconds = took
             # Work, not waiting: the settle and the pace cost nobody anything (and `every_steps: auto` reads this).
-            stats.background_seconds = time.monotonic() - self.started - settle - stats.paced_idle_seconds
+            stats.background_seconds = took - settle - stats.paced_idle_seconds
             self.manifest.save = SaveRecord(
                 bytes_written=stats.bytes_written,
                 bytes_deduplicated=stats.bytes_deduplicated,
@@ -396,16 +400,19 @@ def stage_checkpoint(
     files: dict[str, Path] | None = None,
     metrics: dict[str, float] | None = None,
     attributes: dict[str, str | int | float] | None = None,
-    stall_seconds: float = 0.0,
+    stall_seconds: float | None = 0.0,
     workers: int = WRITE_WORKERS,
     lease_settle_seconds: float = LEASE_SETTLE_SECONDS,
     pacer: Pacer | None = None,
 ) -> StagedCheckpoint:
-    """Write the chunks (at `pacer`'s pace) and lease the reused ones; the manifest comes with `finish`."""
+    """Write the chunks (at `pacer`'s pace) and lease the reused ones; the manifest comes with `finish`.
+
+    `stall_seconds`: what the save cost the caller's loop; None: the caller waits for all of it (measured).
+    """
     started = time.monotonic()
     manifest_key(run_id, step)  # refuse a bad run id before writing anything
     written = write_chunks(storage, skeleton=skeleton, blobs=blobs, files=files, workers=workers, pacer=pacer)
-    written.stats.stall_seconds = stall_seconds
+    written.stats.stall_seconds = stall_seconds or 0.0
     manifest = CheckpointManifest(
         run_id=run_id,
         step=step,
@@ -418,7 +425,9 @@ def stage_checkpoint(
     )
     lease = lease_reused(storage, run_id, step, stored_names(manifest.chunks), written.stats)
     settle = settle_seconds(lease_settle_seconds) if lease else 0.0
-    return StagedCheckpoint(storage, signer, manifest, written.stats, lease, time.monotonic() + settle, started)
+    return StagedCheckpoint(
+        storage, signer, manifest, written.stats, lease, time.monotonic() + settle, started, stall_seconds is None
+    )
 
 
 def write_checkpoint(storage: Storage, run_id: str, step: int, **options: Any) -> tuple[CheckpointManifest, SaveStats]:

@@ -185,6 +185,18 @@ def test_run_summary_reports_overhead_as_a_fraction_of_training_time(store):
     assert manifest.summary()["stall_seconds"] == 1.5 and manifest.summary()["tier"] == "hot"
 
 
+def test_a_synchronous_save_records_its_own_time_as_its_stall(store):
+    """The caller waited for all of it: a run saving synchronously must not read as checkpointing for free."""
+    import time
+
+    started = time.monotonic()
+    manifest, stats = store.save("run-a", 1, make_state())
+    took = time.monotonic() - started
+    assert 0 < manifest.save.stall_seconds <= took and stats.stall_seconds == manifest.save.stall_seconds
+    assert manifest.save.stall_seconds >= manifest.save.background_seconds
+    assert store.list("run-a")[-1].save.stall_seconds == manifest.save.stall_seconds
+
+
 def test_chunks_are_named_by_blake3_and_stored_under_that_name(store, tmp_path):
     manifest, _ = store.save("run-a", 1, make_state())
     stored = json.loads((tmp_path / "store" / manifest_key("run-a", 1)).read_text())
