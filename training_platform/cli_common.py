@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from training_platform.cli_follow import Detached, show
@@ -21,9 +19,8 @@ from training_platform.client.runs import Progress, follow
 from training_platform.errors import PlatformError
 from training_platform.paths import PlatformHome
 from training_platform.redaction import redact
+from training_platform.terminal import console, readable
 
-# Wide when not a terminal (a pipe, a CI log): tables keep run ids and states whole.
-console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 JsonFlag = Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")]
 
 
@@ -36,7 +33,7 @@ def emit(summary: dict[str, Any], as_json: bool, hidden: tuple[str, ...] = ("che
     table.add_column(overflow="fold")
     for key, value in summary.items():
         if key not in hidden and value is not None:
-            table.add_row(key, redact(str(value)))
+            table.add_row(key, redact(readable(value)))
     console.print(table)
 
 

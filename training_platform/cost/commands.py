@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from training_platform.cost.accounting import month_start, open_ledger
@@ -15,9 +14,9 @@ from training_platform.cost.breakeven import OwnershipCase, breakeven
 from training_platform.cost.prices import CostError, load_price_model
 from training_platform.cost.windows import cost_window_for
 from training_platform.paths import PlatformHome
+from training_platform.terminal import console
 
 cost_app = typer.Typer(no_args_is_help=True, help="Prices, cost windows, spend per team and sweep, rent or own.")
-console = Console(stderr=True)
 JsonFlag = Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")]
 
 

@@ -166,3 +166,15 @@ def test_a_run_over_budget_is_refused_with_spend_budget_estimate_and_the_fix(tmp
                    "Raise teams.vision.monthly_usd", "lower training.max_steps"):
         assert figure in message
     assert check_run_budget(spec(training={"max_steps": 1}), tmp_path).allowed  # a step fits what is left
+
+
+def test_the_cost_report_piped_to_a_file_keeps_every_column_whole(tmp_path, monkeypatch):
+    """Not a terminal (a pipe, a log): the table is not squeezed into 80 columns with its headers and ids elided."""
+    _settled_home(tmp_path)
+    settle(tmp_path, tmp_path / "runs" / "r1", "r1", spec())
+    monkeypatch.setenv("TP_HOME", str(tmp_path))
+    done = CliRunner().invoke(app, ["cost", "report", "--by", "run", "--since", "2026-11-01"])
+    assert done.exit_code == 0, done.output
+    assert "…" not in done.output, done.output
+    for header in ("attempts", "accel-hours", "compute $", "badput $", "lost work $", "storage $", "goodput"):
+        assert header in done.output, done.output

@@ -1,0 +1,22 @@
+"""The console every `tp` command prints to, and how a number reads there (JSON keeps the value as it is)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.console import Console
+
+# Wide when not a terminal (a pipe, a CI log, a file): tables keep run ids and figures whole rather than
+# eliding them to fit 80 columns.
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def readable(value: Any) -> str:
+    """VALUE as a person reads it: floats to four significant digits (0.5168 not 0.5168033730877046), large
+    ones whole with separators; anything else as str()."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return str(value)
+    if abs(value) >= 10_000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
