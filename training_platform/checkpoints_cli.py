@@ -40,7 +40,7 @@ def checkpoints(
     logging.getLogger("training_platform.checkpoints.store").setLevel(logging.ERROR)
     uri = store
     try:
-        check_run_id(run)
+        check_run_id(run, fix="list runs with `tp runs`")
         uri = uri or run_store_uri(home(), run)
         opened = open_store(uri)
         listing = listing_of(opened, run)

@@ -22,12 +22,12 @@ K8S_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _RUN_ID = re.compile(RUN_ID)
 
 
-def check_run_id(run_id: str, what: str = "run id") -> str:
-    """`run_id` itself, or a SpecError naming it and the allowed form (`what`: a sweep name, ...)."""
+def check_run_id(run_id: str, what: str = "run id", fix: str = "pick another partition key") -> str:
+    """`run_id` itself, or a SpecError naming it, the allowed form and `fix` (`what`: a sweep name, ...)."""
     if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id) or ".." in run_id:
         raise SpecError(
             f"{what} {run_id!r} is not allowed: use 1-128 letters, digits, '.', '_' or '-', starting with a "
-            "letter or digit (no '/', no '..'); pick another partition key"
+            f"letter or digit (no '/', no '..'); {fix}"
         )
     return run_id
 

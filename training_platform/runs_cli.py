@@ -19,6 +19,7 @@ from training_platform.client import DagsterRun, PlatformClient
 from training_platform.client.graphql import IN_PROGRESS
 from training_platform.client.runs import continuation, resubmit, summary
 from training_platform.errors import PlatformError, SpecError
+from training_platform.identifiers import check_run_id
 from training_platform.submission import (
     REPRODUCTION_TAG,
     RESUME_TAG,
@@ -36,6 +37,13 @@ STATES = {
     "failed": ("FAILURE",),
     "canceled": ("CANCELED",),
 }
+
+
+def connected(ref: str) -> PlatformClient:
+    """The platform server's client, once REF can name a run: a mistyped id is told at once, before a server is
+    started for it."""
+    check_run_id(ref, "run", fix="list runs with `tp runs`")
+    return client(home())
 
 
 def find(platform: PlatformClient, ref: str) -> tuple[str, DagsterRun]:
@@ -115,7 +123,7 @@ def logs(
 ) -> None:
     """Print the run's worker log (rank 0, and any rank's error); with -f, follow it while the run is live."""
     try:
-        platform = client(home())
+        platform = connected(run)
         run_id, current = find(platform, run)
         key = cursor = None
         while True:
@@ -142,7 +150,7 @@ def logs(
 def cancel(run: RunArg, as_json: JsonFlag = False) -> None:
     """Cancel a queued or running run, and the job it launched on its backend; its checkpoints stay."""
     try:
-        platform = client(home())
+        platform = connected(run)
         run_id, current = find(platform, run)
         if current.status not in IN_PROGRESS:
             # Between two of its Dagster runs (its snapshot passed; a preemption, before the resume): the
@@ -174,7 +182,7 @@ def resume(
 ) -> None:
     """Continue a cancelled or failed run from its newest checkpoint."""
     try:
-        platform = client(home())
+        platform = connected(run)
         run_id, current = find(platform, run)
         if not current.trains:
             raise PlatformError(f"run {run_id} never started training ({current.status}); submit it again")
@@ -206,7 +214,7 @@ def _finish(platform: PlatformClient, run_id: str, dagster_run_id: str, detach: 
 def reproduce(run: RunArg, as_json: JsonFlag = False) -> None:
     """Re-run a finished run from its lineage key and report "reproduced exactly" or what differs."""
     try:
-        platform = client(home())
+        platform = connected(run)
         run_id, current = find(platform, run)
         finished = [r for r in platform.attempts(run_id) if r.status == "SUCCESS"]
         if not finished:
