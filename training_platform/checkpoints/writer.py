@@ -345,7 +345,8 @@ class StagedCheckpoint:
     """monotonic time from which the reused chunks can be re-checked"""
     started: float
     caller_waits: bool = False
-    """the caller waits for the whole save (a synchronous save): all of it, settle included, is its stall"""
+    """the caller waits for the whole save (a synchronous save): all of it, settle included, is its stall, and
+    none of it background"""
 
     def release_snapshot(self) -> None:
         """Drop the references into the caller's buffer, which it is about to reuse: a reused
@@ -360,10 +361,12 @@ class StagedCheckpoint:
         try:
             recheck_reused(self.storage, self.stats)
             stats, took = self.stats, time.monotonic() - self.started
-            if self.caller_waits:
-                stats.stall_seconds = took
-            # Work, not waiting: the settle and the pace cost nobody anything (and `every_steps: auto` reads this).
-            stats.background_seconds = took - settle - stats.paced_idle_seconds
+            if self.caller_waits:  # all stall, none background, as a synchronous sharded save records it
+                stats.stall_seconds, stats.background_seconds = took, 0.0
+            else:
+                # Work, not waiting: the settle and the pace cost nobody anything. `every_steps: auto` takes
+                # stall plus background as what a save costs the loop.
+                stats.background_seconds = took - settle - stats.paced_idle_seconds
             self.manifest.save = SaveRecord(
                 bytes_written=stats.bytes_written,
                 bytes_deduplicated=stats.bytes_deduplicated,

@@ -193,7 +193,7 @@ def test_a_synchronous_save_records_its_own_time_as_its_stall(store):
     manifest, stats = store.save("run-a", 1, make_state())
     took = time.monotonic() - started
     assert 0 < manifest.save.stall_seconds <= took and stats.stall_seconds == manifest.save.stall_seconds
-    assert manifest.save.stall_seconds >= manifest.save.background_seconds
+    assert manifest.save.background_seconds == 0  # `every_steps: auto` adds the two: counted once
     assert store.list("run-a")[-1].save.stall_seconds == manifest.save.stall_seconds
 
 
