@@ -50,6 +50,7 @@ from training_platform.snapshots_cli import snapshots_app
 from training_platform.spec import BACKENDS, TrainSpec, load_spec, parse_spec
 from training_platform.sweeps import load_sweep
 from training_platform.team_policy import resolve_team
+from training_platform.terminal import readable_duration, readable_usd
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train, track and reproduce models.")
 app.add_typer(cost_app, name="cost")
@@ -428,11 +429,11 @@ def plan(
         f"{memory['activations'] / GIB:.2f})",
         highlight=False,
     )
-    table = Table("gpu", "count", "GiB/GPU", "hours", "usd")
+    table = Table("gpu", "count", "GiB/GPU", "time", "usd")
     for option in result["options"]:
-        usd = "-" if option["usd"] is None else f"{option['usd']:.4g}"
-        hours = f"{option['hours']:.3g}"
-        table.add_row(option["gpu_type"], str(option["count"]), str(option["per_gpu_gib"]), hours, usd)
+        usd = "-" if option["usd"] is None else readable_usd(option["usd"])
+        took = readable_duration(option["hours"] * 3600)
+        table.add_row(option["gpu_type"], str(option["count"]), str(option["per_gpu_gib"]), took, usd)
     console.print(table)
     best = result["recommendation"]
     console.print(f"recommended: {best['count']} x {best['gpu_type']}" if best else "no GPU in the table fits")

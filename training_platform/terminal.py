@@ -20,3 +20,19 @@ def readable(value: Any) -> str:
     if abs(value) >= 10_000:
         return f"{value:,.0f}"
     return f"{value:.4g}"
+
+
+def readable_usd(usd: float) -> str:
+    """Dollars to the hundredth of a cent, and what rounds below that said so (not 1.845e-09)."""
+    return "<0.0001" if 0 < usd < 0.0001 else f"{usd:,.4f}"
+
+
+def readable_duration(seconds: float) -> str:
+    """A duration in the unit a person reads it in: '<1 s', '42 s', '12 min', '3.5 h'."""
+    if seconds < 1:
+        return "<1 s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:,.1f} h"

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from training_platform.cli_common import emit
-from training_platform.terminal import readable
+from training_platform.terminal import readable, readable_duration, readable_usd
 
 
 @pytest.mark.parametrize(
@@ -34,3 +34,10 @@ def test_a_summary_reads_rounded_for_people_and_exact_in_json(capsys):
     assert "0.5168" in shown and "0.51680337" not in shown and "digits-1" in shown and "300" in shown
     emit(summary, as_json=True)
     assert json.loads(capsys.readouterr().out.splitlines()[-1]) == summary
+
+
+def test_durations_and_dollars_read_in_a_persons_units_however_small():
+    assert [readable_duration(s) for s in (3.6e-6, 30, 600, 7200, 3.6e7)] == ["<1 s", "30 s", "10 min", "2.0 h",
+                                                                              "10,000.0 h"]
+    assert [readable_usd(d) for d in (1.845e-09, 0.0, 0.01234, 12345.678)] == ["<0.0001", "0.0000", "0.0123",
+                                                                              "12,345.6780"]

@@ -12,6 +12,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from training_platform.telemetry.records import RunRecord, latest_per_run
+from training_platform.terminal import readable_duration
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,4 @@ def status_rows(records: list[RunRecord], now: float, team: str | None = None) -
 
 
 def human_seconds(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return "-" if seconds is None else readable_duration(seconds)
