@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -13,13 +14,16 @@ console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def readable(value: Any) -> str:
-    """VALUE as a person reads it: floats to four significant digits (0.5168 not 0.5168033730877046), large
-    ones whole with separators; anything else as str()."""
+    """VALUE as a person reads it: floats to four significant digits without an exponent (0.5168 not
+    0.5168033730877046, 0.00003626 not 3.626e-05), large ones whole with separators; anything else as str()."""
     if isinstance(value, bool) or not isinstance(value, float):
         return str(value)
     if abs(value) >= 10_000:
         return f"{value:,.0f}"
-    return f"{value:.4g}"
+    if value == 0 or not math.isfinite(value) or abs(value) < 1e-9:
+        return f"{value:.4g}"
+    shown = f"{value:.{max(0, 3 - math.floor(math.log10(abs(value))))}f}"
+    return shown.rstrip("0").rstrip(".") if "." in shown else shown
 
 
 def readable_usd(usd: float) -> str:
