@@ -39,11 +39,12 @@ STATES = {
 }
 
 
-def connected(ref: str) -> PlatformClient:
-    """The platform server's client, once REF can name a run: a mistyped id is told at once, before a server is
-    started for it."""
+def located(ref: str) -> tuple[PlatformClient, str, DagsterRun]:
+    """The platform server's client, and REF's run id and newest Dagster run (`find`). REF is checked first: a
+    mistyped id is told at once, before a server is started to look it up."""
     check_run_id(ref, "run", fix="list runs with `tp runs`")
-    return client(home())
+    platform = client(home())
+    return platform, *find(platform, ref)
 
 
 def find(platform: PlatformClient, ref: str) -> tuple[str, DagsterRun]:
@@ -123,8 +124,7 @@ def logs(
 ) -> None:
     """Print the run's worker log (rank 0, and any rank's error); with -f, follow it while the run is live."""
     try:
-        platform = connected(run)
-        run_id, current = find(platform, run)
+        platform, run_id, current = located(run)
         key = cursor = None
         while True:
             key = key or platform.log_key(current.id)
@@ -150,8 +150,7 @@ def logs(
 def cancel(run: RunArg, as_json: JsonFlag = False) -> None:
     """Cancel a queued or running run, and the job it launched on its backend; its checkpoints stay."""
     try:
-        platform = connected(run)
-        run_id, current = find(platform, run)
+        platform, run_id, current = located(run)
         if current.status not in IN_PROGRESS:
             # Between two of its Dagster runs (its snapshot passed; a preemption, before the resume): the
             # next one is cancelled as soon as the server starts it, before it trains.
@@ -182,8 +181,7 @@ def resume(
 ) -> None:
     """Continue a cancelled or failed run from its newest checkpoint."""
     try:
-        platform = connected(run)
-        run_id, current = find(platform, run)
+        platform, run_id, current = located(run)
         if not current.trains:
             raise PlatformError(f"run {run_id} never started training ({current.status}); submit it again")
         if current.status in IN_PROGRESS:
@@ -214,8 +212,7 @@ def _finish(platform: PlatformClient, run_id: str, dagster_run_id: str, detach: 
 def reproduce(run: RunArg, as_json: JsonFlag = False) -> None:
     """Re-run a finished run from its lineage key and report "reproduced exactly" or what differs."""
     try:
-        platform = connected(run)
-        run_id, current = find(platform, run)
+        platform, run_id, current = located(run)
         finished = [r for r in platform.attempts(run_id) if r.status == "SUCCESS"]
         if not finished:
             raise SpecError(

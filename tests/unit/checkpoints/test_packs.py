@@ -219,7 +219,6 @@ def test_a_pack_write_that_fails_fails_the_save_and_leaves_nothing(store, monkey
     assert stored_files(store) == before  # no pack, index or temporary left behind
 
 
-
 def test_a_gc_that_dies_between_its_two_deletes_leaves_a_pack_in_trash_never_an_index_without_its_pack(
     store, monkeypatch
 ):
