@@ -26,9 +26,9 @@ def pytest_configure(config) -> None:
     # the developer's own TP_TEAMS says. A test of the teams file itself sets or removes it.
     os.environ["TP_TEAMS"] = str(Path(__file__).parent / "fixtures" / "teams.yaml")
     if config.pluginmanager.hasplugin("xdist"):
-        from tests.fixtures.slurm import SlurmModulesOnOneWorker
+        from tests.fixtures.worker_groups import ModuleGroupsOnOneWorker
 
-        config.pluginmanager.register(SlurmModulesOnOneWorker())
+        config.pluginmanager.register(ModuleGroupsOnOneWorker())
 
 
 @pytest.fixture(autouse=True, scope="module")

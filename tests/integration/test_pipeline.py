@@ -10,17 +10,10 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.fixtures.platform import ROOT, last_json, server_logs
+from tests.fixtures.platform import ROOT, last_json
 from training_platform.tracking import CHAMPION_ALIAS, REQUIRED_TAGS, model_requirements
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def demo(platform) -> dict:
-    proc = platform.tp("demo", "--json")
-    assert proc.returncode == 0, proc.stderr[-4000:] + server_logs(platform.home)
-    return last_json(proc)
 
 
 def test_demo_trains_evaluates_and_registers(demo):
@@ -35,15 +28,16 @@ def test_demo_trains_evaluates_and_registers(demo):
 
 
 def test_dagster_records_every_asset_with_lineage(demo, platform):
+    # The server is shared with other modules' runs: each materialization is looked up by the demo's own keys.
     with platform.instance() as instance:
-        snapshot = instance.get_latest_materialization_event(dg.AssetKey("dataset_snapshot"))
-        assert snapshot.asset_materialization.metadata["snapshot_id"].value == demo["snapshot_id"]
+        snapshots = instance.fetch_materializations(dg.AssetKey("dataset_snapshot"), limit=100).records
+        assert demo["snapshot_id"] in [r.asset_materialization.metadata["snapshot_id"].value for r in snapshots]
         assert demo["run_id"] in instance.get_dynamic_partitions("training_runs")
         for key in ("training_run", "checkpoints", "evaluated_model", "registered_model"):
-            event = instance.get_latest_materialization_event(dg.AssetKey(key))
-            assert event is not None, key
-            assert event.asset_materialization.partition == demo["run_id"]
-        run = instance.get_latest_materialization_event(dg.AssetKey("training_run")).asset_materialization
+            of_the_run = dg.AssetRecordsFilter(asset_key=dg.AssetKey(key), asset_partitions=[demo["run_id"]])
+            assert instance.fetch_materializations(of_the_run, limit=1).records, key
+        of_the_run = dg.AssetRecordsFilter(asset_key=dg.AssetKey("training_run"), asset_partitions=[demo["run_id"]])
+        run = instance.fetch_materializations(of_the_run, limit=1).records[0].asset_materialization
         lineage = run.metadata["lineage"].value
         assert lineage["snapshot_id"] == demo["snapshot_id"]
         assert run.metadata["final_weights_sha256"].value == demo["final_weights_sha256"]

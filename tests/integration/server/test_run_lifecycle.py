@@ -11,12 +11,13 @@ import signal
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from tests.fixtures.platform import TP_POLL_S, free_port, last_json, server_logs
+from tests.fixtures.platform import TP_POLL_S, Platform, free_port, last_json, running_platform, server_logs
 from tests.fixtures.worker import wait_until
 from tests.integration.server.runs import (
     detach,
@@ -48,6 +49,14 @@ def _long(pace: Path) -> dict:
     return {"training": {"max_steps": LONG_STEPS, "log_every": 50}, "resources": {"procs_per_node": 1},
             "checkpoint": {"every_steps": 500, "keep_last": 2},
             "entrypoint": paced_entrypoint(pace)}
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory) -> Iterator[Platform]:
+    """A server of the module's own, not the worker's shared one: a test here kills and restarts its daemon, and
+    another reads the standby every run of the server starts from."""
+    with running_platform(tmp_path_factory.mktemp("tp-home")) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ TRIALS = 8  # enough for TPE past its 4 random trials and for ASHA to prune
 def sweep_run(platform):
     home = platform.home
     data = yaml.safe_load(EXAMPLE.read_text())
+    data["base"]["name"] = "sweep-digits"  # its trials' model, not the demo's digits-classifier (a shared server)
     data["base"]["training"]["max_steps"] = 60
     data["limits"] = {"max_trials": TRIALS, "parallel_trials": 2}
     path = home / "sweep.yaml"
