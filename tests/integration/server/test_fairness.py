@@ -1,8 +1,11 @@
 """Three teams share one platform server: the shipped queue's per-team limit and fairness, with real training.
 
-Each team submits four runs of the example (renamed per team, 1 process, 60 steps), all at once and team
-after team (team-a's four first: the order in which a plain FIFO queue would let team-a take every slot),
-against one server with deploy/dagster/dagster.yaml (at most 2 runs in progress per team, 6 in all).
+Each team submits four runs (1 process, 100 steps), all at once and team after team (team-a's four first: the order
+in which a plain FIFO queue would let team-a take every slot), against one server with deploy/dagster/dagster.yaml
+(at most 2 runs in progress per team, 6 in all). Each run trains a user's script whose steps take wall time, not CPU
+(tests/fixtures/paced_train.py, 20 ms a step): what the queue shares is slots over time, and a run that holds its
+slot for its steps leaves the two cores to the server under test. A script's run has no evaluation or registry step
+(the pipeline's tests have those).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import pytest
 import yaml
 
 from tests.fixtures.platform import running_platform, server_logs
-from tests.integration.server.runs import write_spec
+from tests.integration.server.runs import PACED_SCRIPT, write_spec
 from training_platform.client import PlatformClient
 from training_platform.client.runs import submit_training
 from training_platform.datasets import build_snapshot
@@ -39,8 +42,9 @@ def test_three_teams_of_real_runs_share_the_queue_fairly(tmp_path):
     snapshot = build_snapshot("sklearn_digits", home / "snapshots").snapshot_id
     specs = {
         team: load_spec(write_spec(tmp_path, f"fair-{team}", team=team, dataset={"snapshot_id": snapshot},
-                                   training={"max_steps": 60, "eval_every": 30, "log_every": 30},
-                                   resources={"procs_per_node": 1}, checkpoint={"every_steps": 30, "keep_last": 1}))
+                                   training={"max_steps": 100, "log_every": 50}, resources={"procs_per_node": 1},
+                                   checkpoint={"every_steps": 50, "keep_last": 1},
+                                   entrypoint={"script": str(PACED_SCRIPT), "args": ["--step-seconds", "0.02"]}))
         for team in TEAMS
     }
     limit = team_limit()
