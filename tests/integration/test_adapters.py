@@ -38,10 +38,18 @@ def example(home: Path, framework: str, **training):
     return spec.model_copy(update={"training": spec.training.model_copy(update=training)})
 
 
+@pytest.fixture(scope="module")
+def straight(home) -> dict[str, dict]:
+    """Each framework's example trained once, uninterrupted: the resume must end with its weights, and its final
+    checkpoint is what the evaluation tests measure."""
+    return {framework: train(home, f"{framework}-straight", example(home, framework))
+            for framework in ("hf_trainer", "lightning")}
+
+
 @pytest.mark.parametrize("framework", ["hf_trainer", "lightning"])
-def test_adapter_reports_checkpoints_and_resumes_exactly(home, framework):
+def test_adapter_reports_checkpoints_and_resumes_exactly(home, framework, straight):
     spec = example(home, framework)
-    straight = train(home, f"{framework}-straight", spec)
+    straight = straight[framework]
     assert straight["world_size"] == 2 and straight["final_step"] == 120
     store = open_store(home / "ck")
     assert [m.step for m in store.list(f"{framework}-straight")] == [40, 80, 120]
@@ -65,31 +73,32 @@ def test_adapter_reports_checkpoints_and_resumes_exactly(home, framework):
     assert resumed["final_weights_sha256"] == straight["final_weights_sha256"]
 
 
-def test_a_lightning_run_is_evaluated_by_its_script_on_its_final_checkpoint(home):
-    spec = example(home, "lightning", max_steps=40)
-    trained = train(home, "lightning-evaluated", spec)
-    final = open_store(home / "ck").list("lightning-evaluated")[-1]
-    measured = evaluate_script(PlatformHome(home), spec, "lightning-evaluated", final, str(home / "ck"))
+def test_a_lightning_run_is_evaluated_by_its_script_on_its_final_checkpoint(home, straight):
+    spec = example(home, "lightning")
+    final = open_store(home / "ck").list("lightning-straight")[-1]
+    measured = evaluate_script(PlatformHome(home), spec, "lightning-straight", final, str(home / "ck"))
     # The module Lightning restored from the final checkpoint, measured on the test split: no step trained.
-    assert measured.step == 40 and measured.weights_sha256 == trained["final_weights_sha256"]
+    assert measured.step == 120 and measured.weights_sha256 == straight["lightning"]["final_weights_sha256"]
     assert set(measured.metrics) == {"accuracy", "loss"} and measured.metrics["accuracy"] > 0.3
 
 
-def test_a_hf_run_is_evaluated_by_its_script_and_logged_with_the_transformers_flavour(home, tmp_path, monkeypatch):
+def test_a_hf_run_is_evaluated_by_its_script_and_logged_with_the_transformers_flavour(
+    home, straight, tmp_path, monkeypatch
+):
     import mlflow
 
-    spec = example(home, "hf_trainer", max_steps=40)
-    trained = train(home, "hf-evaluated", spec)
-    final = open_store(home / "ck").list("hf-evaluated")[-1]
+    spec = example(home, "hf_trainer")
+    final = open_store(home / "ck").list("hf_trainer-straight")[-1]
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking)  # this test's registry, gone after it
     client = mlflow.MlflowClient(tracking)
     run = client.create_run(client.create_experiment("hf", artifact_location=str(tmp_path / "artifacts"))).info.run_id
     measured = evaluate_script(
-        PlatformHome(home), spec, "hf-evaluated", final, str(home / "ck"), tracking_uri=tracking, log_model_to=run
+        PlatformHome(home), spec, "hf_trainer-straight", final, str(home / "ck"), tracking_uri=tracking,
+        log_model_to=run,
     )
     # The weights of the final checkpoint, loaded without a step trained, measured by train.py's evaluate.
-    assert measured.step == 40 and measured.weights_sha256 == trained["final_weights_sha256"]
+    assert measured.step == 120 and measured.weights_sha256 == straight["hf_trainer"]["final_weights_sha256"]
     assert set(measured.metrics) == {"loss", "perplexity", "accuracy"}
     assert measured.metrics["perplexity"] < 97 / 2  # better than guessing among the 97 characters, by far
 
