@@ -33,11 +33,12 @@ def test_dagster_records_every_asset_with_lineage(demo, platform):
         snapshots = instance.fetch_materializations(dg.AssetKey("dataset_snapshot"), limit=100).records
         assert demo["snapshot_id"] in [r.asset_materialization.metadata["snapshot_id"].value for r in snapshots]
         assert demo["run_id"] in instance.get_dynamic_partitions("training_runs")
+        records = {}
         for key in ("training_run", "checkpoints", "evaluated_model", "registered_model"):
             of_the_run = dg.AssetRecordsFilter(asset_key=dg.AssetKey(key), asset_partitions=[demo["run_id"]])
-            assert instance.fetch_materializations(of_the_run, limit=1).records, key
-        of_the_run = dg.AssetRecordsFilter(asset_key=dg.AssetKey("training_run"), asset_partitions=[demo["run_id"]])
-        run = instance.fetch_materializations(of_the_run, limit=1).records[0].asset_materialization
+            records[key] = instance.fetch_materializations(of_the_run, limit=1).records
+            assert records[key], key
+        run = records["training_run"][0].asset_materialization
         lineage = run.metadata["lineage"].value
         assert lineage["snapshot_id"] == demo["snapshot_id"]
         assert run.metadata["final_weights_sha256"].value == demo["final_weights_sha256"]
