@@ -23,3 +23,27 @@ def test_an_instance_on_postgres_preloads_the_postgres_storage(tmp_path, monkeyp
 
 def test_no_dagster_home_preloads_no_instance_classes():
     assert instance_modules(None) == []
+
+
+def test_the_server_opens_an_instance_once_and_a_with_block_leaves_it_open(tmp_path, monkeypatch):
+    import dagster as dg
+    from dagster._core.instance.ref import InstanceRef
+
+    from training_platform_dagster.code_server import share_instances
+
+    monkeypatch.delenv(DATABASE_ENV, raising=False)
+    monkeypatch.setattr(dg.DagsterInstance, "from_ref", dg.DagsterInstance.from_ref)  # restored after the test
+    homes = []
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "dagster.yaml").write_text(instance_config())
+        homes.append(InstanceRef.from_dir(str(tmp_path / name)))
+    share_instances()
+
+    with dg.DagsterInstance.from_ref(homes[0]) as first:  # as a sensor tick's context opens it
+        first.add_dynamic_partitions("days", ["2026-12-01"])
+    again = dg.DagsterInstance.from_ref(homes[0])
+    assert again is first and isinstance(again, dg.DagsterInstance)
+    assert again.get_dynamic_partitions("days") == ["2026-12-01"]  # still open after the `with`
+    other = dg.DagsterInstance.from_ref(homes[1])
+    assert other is not first and other.get_dynamic_partitions("days") == []
