@@ -7,9 +7,9 @@ hooks, say) for each copy. numpy's copy of plain bytes releases the GIL for the 
 
 from __future__ import annotations
 
-import numpy as np
-
 
 def copy_bytes(destination: memoryview, source: bytes | bytearray | memoryview) -> None:
     """destination[:] = source, the GIL released (same length; destination writable)."""
+    import numpy as np  # here: the checkpoint store is imported by every `tp` command, which copies nothing
+
     np.frombuffer(destination, dtype=np.uint8)[:] = np.frombuffer(source, dtype=np.uint8)
