@@ -17,6 +17,13 @@ pytest_plugins = [
 
 
 def pytest_configure(config) -> None:
+    # The suite's training runs share two cores with the servers, the Slurm cluster and the other worker's runs.
+    # Torch's OpenMP threads spin between parallel regions (GNU OpenMP's default): a run paced by the clock, or
+    # waiting on slow data or a collective, then holds a whole core doing nothing (measured: 2000 steps paced at
+    # 5 ms took 12.8 s of CPU spinning, 1.3 s passive). Passive threads sleep instead; no result changes (the same
+    # threads do the same work). Set before anything here or in the processes the tests start loads OpenMP; a
+    # developer's own setting is kept. Jobs inherit it (launch/job_env.py passes OMP_*).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # Dagster runs in this process too (materialize), and the platform servers the tests start inherit its
     # signal dispositions: the same reasons as for `tp` (cli.py).
     from training_platform.cli import keep_stop_signals_deliverable
