@@ -30,6 +30,14 @@ def test_gpus_on_a_cpu_only_machine_are_refused(tmp_path):
         LocalLauncher(visible_gpus=0).plan(_request(tmp_path, gpus_per_node=2, procs_per_node=2))
 
 
+def test_a_spec_asking_for_more_gpus_than_the_machine_counts_is_refused(tmp_path):
+    import torch
+
+    counted = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(SpecError, match=f"{counted + 1} GPU\\(s\\) requested but this machine has {counted};"):
+        LocalLauncher().plan(_request(tmp_path, gpus_per_node=counted + 1, procs_per_node=1))
+
+
 def test_more_nodes_than_it_knows_are_refused_with_how_to_start_them(tmp_path, monkeypatch):
     monkeypatch.delenv("TP_LOCAL_NODES", raising=False)
     with pytest.raises(SpecError, match="2 nodes requested.*knows 0.*local-nodes.sh up 2"):

@@ -7,6 +7,7 @@ A run of several nodes runs one agent per "node" of TP_LOCAL_NODES, network name
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -60,9 +61,16 @@ class LocalLauncher:
     name = "local"
 
     def __init__(self, visible_gpus: int | None = None, nodes: list[Node] | None = None):
-        self.visible_gpus = _count_gpus() if visible_gpus is None else visible_gpus
+        if visible_gpus is not None:
+            self.visible_gpus = visible_gpus
         self._nodes = nodes  # else TP_LOCAL_NODES, read when a run asks for several nodes
         self._procs: dict[str, subprocess.Popen] = {}
+
+    @functools.cached_property
+    def visible_gpus(self) -> int:
+        """This machine's GPUs, counted when a run asks for one: counting imports torch, over a second of every
+        `tp train`'s start, where a CPU run needs no count."""
+        return _count_gpus()
 
     def nodes(self) -> list[Node]:
         return local_nodes() if self._nodes is None else self._nodes
@@ -83,7 +91,7 @@ class LocalLauncher:
                 "resources.gpus_per_node: the local launcher's nodes share this machine's GPUs; "
                 "set gpus_per_node: 0 for a multi-node run here, or use --launcher slurm|k8s"
             )
-        if gpus_per_node > self.visible_gpus:
+        if gpus_per_node and gpus_per_node > self.visible_gpus:
             raise SpecError(
                 f"resources.gpus_per_node: {gpus_per_node} GPU(s) requested but this machine has "
                 f"{self.visible_gpus}; set gpus_per_node: 0 to train on CPU, or use a GPU machine"
