@@ -1,4 +1,8 @@
-"""The worker under a real 2-process torchrun (gloo): exact resume from a mid-run checkpoint."""
+"""The worker under a real 2-process torchrun (gloo): exact resume from a mid-run checkpoint.
+
+Launches start warm from a shared standby, as a `tp server`'s runs do (`warm_launches`), except in the two tests that
+look at a cold start's own processes: a spot run's standby of its own, the ranks under the agent's fork server.
+"""
 
 import json
 import os
@@ -23,7 +27,13 @@ from training_platform.preemption import summarize
 from training_platform.runlog import RunEvents
 from training_platform.spec import CheckpointSpec, parse_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_launches")]
+
+
+@pytest.fixture
+def cold_launches(monkeypatch) -> None:
+    """This test's launches start cold, as outside a server: the agent, its fork server, the ranks it forks."""
+    monkeypatch.delenv(standby.SHARED_OWNER_ENV)
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +175,7 @@ def test_five_sigterms_at_random_steps_lose_nothing_and_resume_exactly(home, uni
     assert [i.lost_steps for i in interruptions] == [0] * 5
 
 
-def test_a_spot_runs_requeues_start_from_its_warm_standby_and_resume_exactly(home):
+def test_a_spot_runs_requeues_start_from_its_warm_standby_and_resume_exactly(home, cold_launches):
     """Spot runs keep a warm standby (launch/standby.py): once it is loaded, requeues are forked by it."""
     spec = _spec(home, max_steps=2500).model_copy(
         update={
@@ -204,7 +214,7 @@ def _worker_pids(job_group: int) -> list[int]:
     return [p.pid for p in server.children()]
 
 
-def test_a_dead_rank_restarts_the_group_from_the_newest_checkpoint(home, uninterrupted):
+def test_a_dead_rank_restarts_the_group_from_the_newest_checkpoint(home, uninterrupted, cold_launches):
     spec = _spec(home, max_steps=60)
     spec = spec.model_copy(update={"preemption": spec.preemption.model_copy(update={"max_restarts": 1})})
     launcher = LocalLauncher(visible_gpus=0)
