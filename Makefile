@@ -19,10 +19,9 @@ $(BIN)/tp: pyproject.toml constraints.txt
 demo: $(BIN)/tp
 	$(BIN)/tp demo
 
-# Three workers on two cores: the third takes the Slurm modules, which mostly wait (tests/fixtures/worker_groups.py).
 test: $(BIN)/tp
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -n 3 --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # The unit tier alone, in under 3 minutes: two workers, tests dealt one at a time (no module shares a service).
 test-unit: $(BIN)/tp
