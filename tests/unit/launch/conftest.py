@@ -37,23 +37,30 @@ def _strict(schema: Any) -> Any:
 
 
 @functools.cache
-def crd_schema(group: str, kind: str, version: str) -> dict[str, Any]:
-    folder = SCHEMAS / CRD_GROUPS[group]
-    for path in folder.glob("*.yaml"):
-        crd = yaml.safe_load(path.read_text())
-        if crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind:
-            for served in crd["spec"]["versions"]:
-                if served["name"] == version and served.get("served", True):
-                    return _strict(copy.deepcopy(served["schema"]["openAPIV3Schema"]))
-            raise AssertionError(f"CRD {kind}.{group} in {path} does not serve version {version}")
-    raise AssertionError(f"no CRD for {kind}.{group} in {folder}")
+def _crds(group: str) -> dict[str, dict[str, Any]]:
+    """The group's CRDs by kind, each file parsed once a session (with libyaml where PyYAML has it): the pure-Python
+    parser took seconds over Kueue's folder (its Workload CRD is 1.4 MB), once for each kind looked up."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    crds = [yaml.load(path.read_text(), Loader=loader) for path in sorted((SCHEMAS / CRD_GROUPS[group]).glob("*.yaml"))]
+    return {crd["spec"]["names"]["kind"]: crd for crd in crds if crd["spec"]["group"] == group}
+
+
+@functools.cache
+def crd_validator(group: str, kind: str, version: str) -> jsonschema.Draft7Validator:
+    crd = _crds(group).get(kind)
+    if crd is None:
+        raise AssertionError(f"no CRD for {kind}.{group} in {SCHEMAS / CRD_GROUPS[group]}")
+    for served in crd["spec"]["versions"]:
+        if served["name"] == version and served.get("served", True):
+            return jsonschema.Draft7Validator(_strict(copy.deepcopy(served["schema"]["openAPIV3Schema"])))
+    raise AssertionError(f"CRD {kind}.{group} does not serve version {version}")
 
 
 def validate_object(obj: dict[str, Any]) -> None:
     """Raise if `obj` would be refused by a 1.31 API server with Kueue/JobSet CRDs installed."""
     group, _, version = obj["apiVersion"].rpartition("/")
     if group in CRD_GROUPS:
-        jsonschema.Draft7Validator(crd_schema(group, obj["kind"], version)).validate(obj)
+        crd_validator(group, obj["kind"], version).validate(obj)
     else:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 

@@ -8,6 +8,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -63,6 +64,16 @@ def test_manifests_exist():
 def test_every_manifest_validates(path, validate_k8s):
     for doc in _docs(path):
         validate_k8s(doc)
+
+
+def test_a_misspelled_field_or_an_unknown_kind_of_kueue_is_refused(validate_k8s):
+    queue = _kind("ClusterQueue")[0]
+    misspelled = copy.deepcopy(queue)
+    misspelled["spec"]["namespaceSelectr"] = {}
+    with pytest.raises(jsonschema.ValidationError, match="namespaceSelectr"):
+        validate_k8s(misspelled)
+    with pytest.raises(AssertionError, match="no CRD for ClusterQueues.kueue.x-k8s.io"):
+        validate_k8s({**queue, "kind": "ClusterQueues"})
 
 
 def test_flavors_on_demand_and_spot_per_gpu_type():
