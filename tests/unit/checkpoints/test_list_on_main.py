@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests.fixtures.ranks import spawn_ranks
 from training_platform.checkpoints import open_store
 from training_platform.checkpoints.layout import manifest_key
 from training_platform.checkpoints.manifest import FORMAT_VERSION
@@ -31,7 +31,7 @@ def _rank(rank: int, init_file: str, store_uri: str, out: str) -> None:
 
 def _outcomes(tmp_path: Path) -> list[dict]:
     out = str(tmp_path / "out")
-    mp.spawn(_rank, args=(str(tmp_path / "init"), str(tmp_path / "store"), out), nprocs=2)
+    spawn_ranks(_rank, (str(tmp_path / "init"), str(tmp_path / "store"), out))
     return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in (0, 1)]
 
 

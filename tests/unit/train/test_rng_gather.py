@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests.fixtures.ranks import spawn_ranks
 from training_platform.train import distributed
 from training_platform.train.distributed import DistInfo
 
@@ -37,7 +37,7 @@ def _rank(rank: int, init_file: str, out: str) -> None:
 
 def test_each_ranks_states_are_gathered_in_rank_order(tmp_path):
     out = str(tmp_path / "out")
-    mp.spawn(_rank, args=(str(tmp_path / "init"), out), nprocs=2)
+    spawn_ranks(_rank, (str(tmp_path / "init"), out))
     results = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in (0, 1)]
     for seen_by in results:
         assert seen_by["restored"] == [results[0]["expected"], results[1]["expected"]]

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests.fixtures.ranks import spawn_ranks
 from training_platform.train.distributed import DistInfo
 from training_platform.train.stopping import (
     CHECK_SECONDS,
@@ -59,7 +59,7 @@ def _rank(rank: int, init_file: str, out: str, every_step: bool) -> None:
 
 def _run(tmp_path, every_step: bool) -> list[dict]:
     out = str(tmp_path / "out")
-    mp.spawn(_rank, args=(str(tmp_path / "init"), out, every_step), nprocs=2)
+    spawn_ranks(_rank, (str(tmp_path / "init"), out, every_step))
     return [json.loads(open(f"{out}.{rank}").read()) for rank in (0, 1)]
 
 
