@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     # On the local launcher, a warm standby: the run's own (a spot run's), else the shared one.
     standbys = [standby.address(Path.cwd())] if os.environ.get(standby.STANDBY_ENV) else []
-    standbys += [standby.shared_address()] if os.environ.get(standby.SHARED_ENV) else []
+    standbys += standby.shared_addresses() if os.environ.get(standby.SHARED_ENV) else []
     for name in standbys:
         status = standby.run_in_standby(name, "agent", argv)
         if status is not None:

@@ -43,6 +43,7 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
+from training_platform.launch import frameworks
 from training_platform.launch.job_env import PREFIXES
 from training_platform.runlog import RunEvents
 
@@ -109,6 +110,15 @@ def shared_address(environ: Mapping[str, str] = os.environ) -> str:
     return _address("shared", json.dumps(sorted(import_environment(environ).items())))
 
 
+def shared_addresses(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """Where a job with ENVIRON looks for a shared standby, in order: one that loaded the frameworks its ranks use
+    as well (frameworks.py), then one that loaded only what every run imports."""
+    addresses = [shared_address(environ)]
+    if frameworks.PRELOAD_ENV in environ:
+        addresses.append(shared_address({k: v for k, v in environ.items() if k != frameworks.PRELOAD_ENV}))
+    return addresses
+
+
 def _address(*parts: str) -> str:
     package = Path(__file__).resolve().parents[1]
     newest = max(path.stat().st_mtime_ns for path in package.rglob("*.py"))
@@ -117,12 +127,18 @@ def _address(*parts: str) -> str:
 
 
 def import_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The part of ENVIRON that the shared standby is started with: nothing of any one job's (no credentials)."""
-    return {
+    """The part of ENVIRON that the shared standby is started with: nothing of any one job's (no credentials). With
+    the frameworks it is to load (frameworks.PRELOAD_ENV), the variables they read as they are imported."""
+    preload = frameworks.named(environ.get(frameworks.PRELOAD_ENV, ""))
+    prefixes = PREFIXES + tuple(prefix for name in preload for prefix in frameworks.FRAMEWORKS[name].env_prefixes)
+    kept = {
         key: value
         for key, value in environ.items()
-        if (key in _IMPORT_NAMES or key.startswith(PREFIXES)) and key not in _CALL_TIME_NAMES
+        if (key in _IMPORT_NAMES or key.startswith(prefixes)) and key not in _CALL_TIME_NAMES
     }
+    if preload:
+        kept[frameworks.PRELOAD_ENV] = ",".join(preload)
+    return kept
 
 
 def running(run_dir: Path, environ: Mapping[str, str] = os.environ) -> bool:
@@ -280,6 +296,7 @@ class Standby:
         self.watched_pids: set[int] = set()
         self.stopping = False
         self.deadline: float | None = None  # when no attempt runs: leave at this time
+        self.set_by_imports: dict[str, str] = {}  # what the preload's imports set in the environment
         wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.wake = wake_read
         signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that set_wakeup_fd sees it
@@ -314,15 +331,20 @@ class Standby:
                 self.watched = None
 
     def preload(self) -> None:
-        """Import what the agent and its workers import: no attempt it serves imports them again."""
+        """Import what the agent and its workers import: no attempt it serves imports them again. That includes the
+        frameworks its environment names (frameworks.PRELOAD_ENV), which only the runs that use them ask for."""
         import importlib
 
         from training_platform.launch.agent import PRELOADED_MODULES
 
-        started = time.monotonic()
-        for module in AGENT_MODULES + PRELOADED_MODULES + REPORTING_MODULES:
+        started, before = time.monotonic(), dict(os.environ)
+        named = frameworks.named(os.environ.get(frameworks.PRELOAD_ENV, ""))
+        extra = [module for name in named for module in frameworks.FRAMEWORKS[name].modules]
+        for module in AGENT_MODULES + PRELOADED_MODULES + REPORTING_MODULES + extra:
             importlib.import_module(module)
-        _log(f"ready in {time.monotonic() - started:.1f} s")
+        # Lightning and DeepSpeed set variables as they are imported: a fork has them as a cold process would.
+        self.set_by_imports = {key: value for key, value in os.environ.items() if before.get(key) != value}
+        _log(f"ready in {time.monotonic() - started:.1f} s" + (f" (with {', '.join(named)})" if named else ""))
 
     def serve(self) -> None:
         self.listener.listen()
@@ -472,6 +494,8 @@ class Standby:
             os.chdir(request["cwd"])
             os.environ.clear()
             os.environ.update(request["env"])
+            for key, value in self.set_by_imports.items():
+                os.environ.setdefault(key, value)
             os.environ[ADDRESS_ENV] = self.name
             if sys.path and sys.path[0] == self.started_in:  # `python -m`'s entry, as the requester's has it
                 sys.path[0] = request["cwd"]

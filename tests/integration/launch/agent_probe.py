@@ -36,6 +36,9 @@ seen = {
     "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
     "cuda_initialized": torch.cuda.is_initialized(),
     "world_size": int(os.environ["WORLD_SIZE"]),
+    # What it started with, past torch: what its standby loaded, and what that import set in the environment.
+    "frameworks": sorted(name for name in ("deepspeed", "lightning", "transformers") if name in sys.modules),
+    "nvml_based_cuda_check": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"),
 }
 with open(out + ".tmp", "w") as handle:
     json.dump(seen, handle)

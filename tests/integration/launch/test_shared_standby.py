@@ -12,6 +12,7 @@ import pytest
 
 from tests.fixtures.worker import wait_until
 from training_platform.launch import standby
+from training_platform.launch.frameworks import PRELOAD_ENV
 from training_platform.telemetry.samplers import local_training_processes
 
 pytestmark = pytest.mark.integration
@@ -25,6 +26,7 @@ def shared(tmp_path_factory):
     env = {**os.environ, "TP_HOME": str(home)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     env.pop("OMP_NUM_THREADS", None)
+    env.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)  # set by DeepSpeed's import, if this process imported it
     owner = subprocess.Popen(["sleep", "600"])
     # A job's credentials: the standby is started with none of them, though the launcher hands it the job's env.
     standby.spawn_shared(home, owner.pid, {**env, "AWS_SECRET_ACCESS_KEY": "not-for-the-standby"})
@@ -88,6 +90,31 @@ def test_it_holds_no_job_credentials_and_serves_only_its_import_environment(shar
     agent, run_dir = _agent(shared, "other-settings", env_extra={"TORCH_SHOW_CPP_STACKTRACES": "1"})
     assert agent.wait(timeout=120) == 0, (run_dir / "agent.log").read_text()[-3000:]
     assert all(seen["ppid"] != _standby_pid(home) for seen in _ranks(run_dir))
+
+
+def test_a_run_using_deepspeed_is_forked_by_a_standby_that_loaded_it_once_that_one_is_up(shared):
+    home, owner, env, _ = shared
+    uses_deepspeed = {PRELOAD_ENV: "deepspeed"}
+    # None loaded it yet: the standby every run uses forks its ranks, which import DeepSpeed themselves.
+    agent, run_dir = _agent(shared, "deepspeed-first", env_extra=uses_deepspeed)
+    assert agent.wait(timeout=120) == 0, (run_dir / "agent.log").read_text()[-3000:]
+    assert [(seen["ppid"], seen["frameworks"]) for seen in _ranks(run_dir)] == [(_standby_pid(home), [])] * 2
+    # The launcher starts one that loads it as well (launch/local.py); from then on the run's ranks are its forks.
+    standby.spawn_shared(home, owner.pid, {**env, **uses_deepspeed})
+    log = home / standby.SHARED_LOG_FILE
+    wait_until(lambda: "(with deepspeed)" in log.read_text(), what="the DeepSpeed standby ready", timeout=120)
+    loaded = int(next(line for line in log.read_text().splitlines() if "(with deepspeed)" in line)
+                 .split("standby ", 1)[1].split(":", 1)[0])
+    agent, run_dir = _agent(shared, "deepspeed-warm", env_extra=uses_deepspeed)
+    assert agent.wait(timeout=120) == 0, (run_dir / "agent.log").read_text()[-3000:]
+    for seen in _ranks(run_dir):
+        assert (seen["ppid"], seen["frameworks"]) == (loaded, ["deepspeed"])
+        # What DeepSpeed's import sets, a warm rank has as a rank that imported it would.
+        assert seen["nvml_based_cuda_check"] == "1"
+    # A run that does not use it keeps to the standby that never loaded it.
+    agent, run_dir = _agent(shared, "plain-after")
+    assert agent.wait(timeout=120) == 0, (run_dir / "agent.log").read_text()[-3000:]
+    assert [(seen["ppid"], seen["frameworks"]) for seen in _ranks(run_dir)] == [(_standby_pid(home), [])] * 2
 
 
 def test_it_leaves_with_its_owner(shared):
