@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import sys
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -32,10 +33,21 @@ PORT_FILE_ENV = "TP_RDZV_PORT_FILE"
 
 def register() -> None:
     """Make `--rdzv-backend=tp-loopback` and `tp-nodes` known to torchrun in this process."""
-    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous, rendezvous_handler_registry
 
     rendezvous_handler_registry.register(LOOPBACK, lambda params: _create_handler(LOOPBACK, params))
     rendezvous_handler_registry.register(NODES, lambda params: _create_handler(NODES, params))
+    # The rendezvous names each event it records by its caller, found with inspect.stack() (twice), which reads
+    # the source of every frame on the stack: 0.7 s of each agent's CPU, a fifth of a warm run's start.
+    dynamic_rendezvous.get_method_name = calling_function
+
+
+def calling_function(depth: int = 2) -> str:
+    """The name of the function DEPTH frames up from this call, as torch's get_method_name answers it."""
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:  # a stack not that deep
+        return "no_method_name"
 
 
 def _create_handler(backend: str, params: Any) -> Any:
