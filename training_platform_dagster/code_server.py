@@ -28,7 +28,7 @@ import threading
 from multiprocessing import forkserver
 from typing import Any
 
-from training_platform.launch.standby import SHARED_OWNER_ENV
+from training_platform.launch.standby import HEAP_FREEZE, SHARED_OWNER_ENV
 
 WARM_STARTS_ENV = "TP_WARM_STARTS"
 
@@ -72,7 +72,7 @@ def use_warm_processes(location_module: str | None, dagster_home: str | None) ->
 
     context = multiprocessing.get_context("forkserver")
     location = [location_module] if location_module else []
-    preload = WARM_MODULES + instance_modules(dagster_home) + location + STEP_MODULES
+    preload = WARM_MODULES + instance_modules(dagster_home) + location + STEP_MODULES + [HEAP_FREEZE]
     context.set_forkserver_preload(list(dict.fromkeys(preload)))
     original_init = grpc_server.DagsterApiServer.__init__
 

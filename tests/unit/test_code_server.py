@@ -47,3 +47,20 @@ def test_the_server_opens_an_instance_once_and_a_with_block_leaves_it_open(tmp_p
     assert again.get_dynamic_partitions("days") == ["2026-12-01"]  # still open after the `with`
     other = dg.DagsterInstance.from_ref(homes[1])
     assert other is not first and other.get_dynamic_partitions("days") == []
+
+
+def test_the_fork_server_freezes_its_heap_after_all_it_preloads(monkeypatch):
+    """Its forks (each run's process) never walk the preloaded objects in a collection (heap_freeze.py)."""
+    from multiprocessing import forkserver
+
+    from dagster._grpc import server as grpc_server
+
+    from training_platform.launch.standby import HEAP_FREEZE
+    from training_platform_dagster.code_server import use_warm_processes
+
+    # Both restored after the test: the server class it patches, the preload of this process's fork server.
+    monkeypatch.setattr(grpc_server.DagsterApiServer, "__init__", grpc_server.DagsterApiServer.__init__)
+    monkeypatch.setattr(forkserver._forkserver, "_preload_modules", forkserver._forkserver._preload_modules)
+    use_warm_processes("definitions", None)
+    preload = forkserver._forkserver._preload_modules
+    assert preload[-1] == HEAP_FREEZE and {"dagster", "definitions", "torch", "mlflow.pytorch"} <= set(preload)

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     # SIGTERM (an ignored signal stays ignored across exec): a SIGTERM to the job's process group
     # must not take it down under workers still writing their emergency checkpoint. It exits
     # with the agent.
-    multiprocessing.set_forkserver_preload([FORK_SERVER_GUARD, *PRELOADED_MODULES])
+    multiprocessing.set_forkserver_preload([FORK_SERVER_GUARD, *PRELOADED_MODULES, standby.HEAP_FREEZE])
     default_handler = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     forkserver.ensure_running()
     signal.signal(signal.SIGTERM, default_handler)

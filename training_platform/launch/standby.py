@@ -79,6 +79,8 @@ REPORTING_MODULES = [
     "dagster_pipes",
     "training_platform.telemetry.plots",
 ]
+# Imported after the preload: what it forks does not walk the preloaded heap in its garbage collections.
+HEAP_FREEZE = "training_platform.launch.heap_freeze"
 LOG_FILE = "standby.log"
 SHARED_LOG_FILE = "shared-standby.log"  # in the platform home
 # What a process imports torch with, besides the code: a job whose values differ here does not use a shared standby
@@ -340,7 +342,7 @@ class Standby:
         started, before = time.monotonic(), dict(os.environ)
         named = frameworks.named(os.environ.get(frameworks.PRELOAD_ENV, ""))
         extra = [module for name in named for module in frameworks.FRAMEWORKS[name].modules]
-        for module in AGENT_MODULES + PRELOADED_MODULES + REPORTING_MODULES + extra:
+        for module in AGENT_MODULES + PRELOADED_MODULES + REPORTING_MODULES + extra + [HEAP_FREEZE]:
             importlib.import_module(module)
         # Lightning and DeepSpeed set variables as they are imported: a fork has them as a cold process would.
         self.set_by_imports = {key: value for key, value in os.environ.items() if before.get(key) != value}

@@ -1,5 +1,6 @@
 """Run by the agent tests as a worker module: writes what a worker sees, fails, or waits when asked to."""
 
+import gc
 import json
 import multiprocessing
 import os
@@ -39,6 +40,7 @@ seen = {
     # What it started with, past torch: what its standby loaded, and what that import set in the environment.
     "frameworks": sorted(name for name in ("deepspeed", "lightning", "transformers") if name in sys.modules),
     "nvml_based_cuda_check": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"),
+    "frozen_objects": gc.get_freeze_count(),  # what its fork server froze: no collection here walks them
 }
 with open(out + ".tmp", "w") as handle:
     json.dump(seen, handle)

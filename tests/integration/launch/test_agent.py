@@ -32,6 +32,7 @@ def test_workers_start_like_fresh_interpreters(tmp_path):
         assert seen["start_method"] == "fork"
         assert seen["threads"] == 1  # OMP_NUM_THREADS=1 from torchrun, though torch loaded before it was set
         assert seen["sigterm_default"] and not seen["cuda_initialized"]
+        assert seen["frozen_objects"] > 100_000  # torch's, at least: frozen by the fork server (heap_freeze.py)
 
 
 def test_a_failing_worker_fails_the_job_with_its_traceback(tmp_path):

@@ -72,6 +72,7 @@ def test_runs_start_as_its_forks_each_as_its_own_job(shared, monkeypatch):
             # As a cold rank of this run would be: its directory, `python -m`'s path entry, its job's environment.
             assert seen["cwd"] == seen["path0"] == str(run_dir) and seen["has_secret"]
             assert seen["threads"] == 1 and not seen["cuda_initialized"]
+            assert seen["frozen_objects"] > 100_000  # what the standby loaded is frozen (heap_freeze.py)
             assert seen["sigterm_default"] or seen["argv"] == ["--wait"]  # a waiting probe handles SIGTERM itself
     assert "probe rank 0 on stdout" in (second_dir / "agent.log").read_text()
     # The node's telemetry samples this run's two ranks: not its agent, not another run's ranks.
