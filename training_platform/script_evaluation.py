@@ -9,6 +9,7 @@ gets the same allow-listed environment as a job.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -16,7 +17,9 @@ from pathlib import Path
 
 from training_platform.checkpoints import CheckpointManifest
 from training_platform.errors import PlatformError
+from training_platform.launch import standby
 from training_platform.launch.base import python_executable
+from training_platform.launch.frameworks import PRELOAD_ENV, frameworks_of
 from training_platform.launch.job_env import job_environment
 from training_platform.paths import PlatformHome
 from training_platform.spec import TEMPLATE_METRICS, TrainSpec
@@ -76,7 +79,14 @@ def evaluate_script(
     env |= {"TP_HOME": str(home.root), EVALUATION_ENV: str(request_path), "PYTHONUNBUFFERED": "1"}
     if tracking_uri:
         env["MLFLOW_TRACKING_URI"] = tracking_uri
-    command = [python_executable(), "-m", "training_platform.train", str(spec_path), "--run-id", run_id]
+    module = ["training_platform.train", str(spec_path), "--run-id", run_id]
+    if os.environ.get(standby.SHARED_OWNER_ENV, "").isdigit():
+        # A `tp server`'s run: the shared standby that loaded what the script imports forks it, as it forks ranks.
+        env[standby.SHARED_ENV] = "1"
+        if used := frameworks_of(spec):
+            env[PRELOAD_ENV] = ",".join(used)
+        module = [standby.__name__, standby.MODULE_ROLE, *module]
+    command = [python_executable(), "-m", *module]
     log_path = workdir / LOG_FILE
     with open(log_path, "wb") as log:
         try:

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.fixtures.worker import job_pid, launch, train, wait, wait_for_step
+from tests.fixtures.worker import job_pid, launch, train, wait, wait_for_step, wait_until
 from training_platform.checkpoints import open_store
 from training_platform.datasets import build_snapshot
-from training_platform.launch import JobState
+from training_platform.launch import JobState, standby
 from training_platform.launch.local import LocalLauncher
 from training_platform.paths import PlatformHome
 from training_platform.runlog import RunEvents
@@ -76,10 +76,22 @@ def test_adapter_reports_checkpoints_and_resumes_exactly(home, framework, straig
 def test_a_lightning_run_is_evaluated_by_its_script_on_its_final_checkpoint(home, straight):
     spec = example(home, "lightning")
     final = open_store(home / "ck").list("lightning-straight")[-1]
+    # The shared standby that loaded Lightning, started by the runs' launches, forks the evaluation once it is up.
+    log = home / standby.SHARED_LOG_FILE
+    wait_until(lambda: "(with lightning)" in log.read_text(), 300, "the standby that loaded Lightning ready")
     measured = evaluate_script(PlatformHome(home), spec, "lightning-straight", final, str(home / "ck"))
+    evaluated_in = os.path.realpath(home / "runs" / "lightning-straight" / "evaluations")
+    forked = [line for line in log.read_text().splitlines() if "forked worker" in line and evaluated_in in line]
+    assert len(forked) == 1 and "standby " + _loaded_with(log, "lightning") + ":" in forked[0], log.read_text()
     # The module Lightning restored from the final checkpoint, measured on the test split: no step trained.
     assert measured.step == 120 and measured.weights_sha256 == straight["lightning"]["final_weights_sha256"]
     assert set(measured.metrics) == {"accuracy", "loss"} and measured.metrics["accuracy"] > 0.3
+
+
+def _loaded_with(log: Path, framework: str) -> str:
+    """The pid of the standby that loaded FRAMEWORK, as its log lines name it."""
+    ready = next(line for line in log.read_text().splitlines() if f"(with {framework})" in line)
+    return ready.split("standby ", 1)[1].split(":", 1)[0]
 
 
 def test_a_hf_run_is_evaluated_by_its_script_and_logged_with_the_transformers_flavour(

@@ -32,6 +32,7 @@ import ctypes
 import hashlib
 import json
 import os
+import runpy
 import select
 import signal
 import socket
@@ -57,6 +58,9 @@ SHARED_ENV = "TP_SHARED_STANDBY"
 SHARED_OWNER_ENV = "TP_SHARED_STANDBY_OWNER"
 # Set in what a standby forks: the standby's address, where a forked agent's ranks ask for their own forks.
 ADDRESS_ENV = "TP_STANDBY_ADDRESS"
+# `python -m training_platform.launch.standby module MODULE ARGS`: a process that is no job's rank (a script's
+# evaluation), forked by the shared standby of its environment (SHARED_ENV) where one is up, else run cold.
+MODULE_ROLE = "module"
 # How long the shared standby stays with nothing to serve (its imports hold ~0.4 GB).
 SHARED_IDLE_SECONDS = 1800.0
 # How long a standby waits for the requeue after a preemption (a Dagster sensor tick is 10-30 s)...
@@ -598,8 +602,8 @@ def _log(message: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """`python -m training_platform.launch.standby JOB_PID|shared OWNER_PID` (the launcher) or `worker MODULE ARGS`
-    (a forked agent)."""
+    """`python -m training_platform.launch.standby JOB_PID|shared OWNER_PID` (the launcher), `worker MODULE ARGS`
+    (a forked agent) or `module MODULE ARGS` (MODULE_ROLE)."""
     if argv[0] == "shared":
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -610,6 +614,14 @@ def main(argv: list[str]) -> None:
         shared.watch(int(argv[1]))
         if shared.watched is not None and shared.preload_at_idle_priority():
             shared.serve()
+        return
+    if argv[0] == MODULE_ROLE:
+        for name in shared_addresses() if os.environ.get(SHARED_ENV) else []:
+            status = run_in_standby(name, "worker", argv[1:])
+            if status is not None:
+                exit_as(status)
+        sys.argv = argv[1:]  # as `python -m MODULE ARGS` has them
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         return
     if argv[0] == "worker":
         # An agent killed outright takes its workers along, as the job's process group would.

@@ -118,6 +118,24 @@ def test_a_run_using_deepspeed_is_forked_by_a_standby_that_loaded_it_once_that_o
     assert [(seen["ppid"], seen["frameworks"]) for seen in _ranks(run_dir)] == [(_standby_pid(home), [])] * 2
 
 
+@pytest.mark.parametrize("warm", [True, False])
+def test_a_process_that_is_no_rank_is_its_fork_and_without_a_standby_runs_cold(shared, warm):
+    """`standby module MODULE ARGS` (a script's evaluation): forked with its arguments, output and exit status."""
+    home, _, env, _ = shared
+    run_dir = home / "runs" / f"module-{'warm' if warm else 'cold'}"
+    run_dir.mkdir(parents=True)
+    env = {**env, "PROBE_DIR": str(run_dir), "RANK": "0", "WORLD_SIZE": "1"}
+    env |= {standby.SHARED_ENV: "1"} if warm else {}
+    command = [sys.executable, "-m", "training_platform.launch.standby", standby.MODULE_ROLE, "agent_probe"]
+    done = subprocess.run([*command, "--greeting", "hi"], cwd=run_dir, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "probe rank 0 on stdout" in done.stdout, done.stderr[-3000:]
+    seen = json.loads((run_dir / "rank0.json").read_text())
+    assert seen["argv"] == ["--greeting", "hi"] and seen["cwd"] == str(run_dir)
+    assert seen["ppid"] == (_standby_pid(home) if warm else os.getpid())  # cold: it ran in the process started
+    assert subprocess.run([*command, "--exit-3"], cwd=run_dir, env=env, timeout=120).returncode == 3
+
+
 def test_it_leaves_with_its_owner(shared):
     home, owner, env, _ = shared
     pid = _standby_pid(home)
