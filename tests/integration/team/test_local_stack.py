@@ -19,7 +19,15 @@ import pytest
 from tests.fixtures.platform import last_json, server_logs
 from tests.fixtures.team_stack import Stack, running_stack
 from tests.fixtures.worker import wait_until
-from tests.integration.server.runs import detach, ended_row, paced_entrypoint, step_reached, write_spec, write_sweep
+from tests.integration.server.runs import (
+    detach,
+    ended_row,
+    paced_entrypoint,
+    processes_of,
+    step_reached,
+    write_spec,
+    write_sweep,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -260,12 +268,22 @@ def test_postgres_restarted_while_a_run_trains_the_run_finishes_with_its_lineage
 
     opened_before = RunStorage(postgres_url=stack.settings["TP_DAGSTER_DATABASE_URL"], should_autocreate_tables=False)
     before = _backend_pid(opened_before)
-    restarted = subprocess.run(
-        [*as_postgres, *pg_ctl, "-l", str(log), "-m", "fast", "-w", "restart"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    # The run's own processes wait out the restart, stopped: on a fast machine the rest of its 6000 steps took less
+    # than the restart. Its Dagster run, in the server, goes on and meets the restart.
+    training = processes_of(run_id)
+    assert training, "the run's processes are found by their command lines and directory"
+    for process in training:
+        process.suspend()
+    try:
+        restarted = subprocess.run(
+            [*as_postgres, *pg_ctl, "-l", str(log), "-m", "fast", "-w", "restart"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        for process in training:
+            process.resume()
     assert restarted.returncode == 0, restarted.stderr
     # A connection the pool kept across the restart is found dead and replaced, not handed out.
     assert _backend_pid(opened_before) != before
