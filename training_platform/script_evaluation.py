@@ -19,7 +19,7 @@ from training_platform.checkpoints import CheckpointManifest
 from training_platform.errors import PlatformError
 from training_platform.launch import standby
 from training_platform.launch.base import python_executable
-from training_platform.launch.frameworks import PRELOAD_ENV, frameworks_of
+from training_platform.launch.frameworks import preload_environment
 from training_platform.launch.job_env import job_environment
 from training_platform.paths import PlatformHome
 from training_platform.spec import TEMPLATE_METRICS, TrainSpec
@@ -82,9 +82,7 @@ def evaluate_script(
     module = ["training_platform.train", str(spec_path), "--run-id", run_id]
     if os.environ.get(standby.SHARED_OWNER_ENV, "").isdigit():
         # A `tp server`'s run: the shared standby that loaded what the script imports forks it, as it forks ranks.
-        env[standby.SHARED_ENV] = "1"
-        if used := frameworks_of(spec):
-            env[PRELOAD_ENV] = ",".join(used)
+        env |= {standby.SHARED_ENV: "1"} | preload_environment(spec)
         module = [standby.__name__, standby.MODULE_ROLE, *module]
     command = [python_executable(), "-m", *module]
     log_path = workdir / LOG_FILE

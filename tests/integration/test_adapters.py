@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.fixtures.worker import job_pid, launch, train, wait, wait_for_step, wait_until
+from tests.fixtures.worker import job_pid, launch, standby_pid, train, wait, wait_for_step, wait_until
 from training_platform.checkpoints import open_store
 from training_platform.datasets import build_snapshot
 from training_platform.launch import JobState, standby
@@ -82,16 +82,10 @@ def test_a_lightning_run_is_evaluated_by_its_script_on_its_final_checkpoint(home
     measured = evaluate_script(PlatformHome(home), spec, "lightning-straight", final, str(home / "ck"))
     evaluated_in = os.path.realpath(home / "runs" / "lightning-straight" / "evaluations")
     forked = [line for line in log.read_text().splitlines() if "forked worker" in line and evaluated_in in line]
-    assert len(forked) == 1 and "standby " + _loaded_with(log, "lightning") + ":" in forked[0], log.read_text()
+    assert len(forked) == 1 and f"standby {standby_pid(log, '(with lightning)')}:" in forked[0], log.read_text()
     # The module Lightning restored from the final checkpoint, measured on the test split: no step trained.
     assert measured.step == 120 and measured.weights_sha256 == straight["lightning"]["final_weights_sha256"]
     assert set(measured.metrics) == {"accuracy", "loss"} and measured.metrics["accuracy"] > 0.3
-
-
-def _loaded_with(log: Path, framework: str) -> str:
-    """The pid of the standby that loaded FRAMEWORK, as its log lines name it."""
-    ready = next(line for line in log.read_text().splitlines() if f"(with {framework})" in line)
-    return ready.split("standby ", 1)[1].split(":", 1)[0]
 
 
 def test_a_hf_run_is_evaluated_by_its_script_and_logged_with_the_transformers_flavour(

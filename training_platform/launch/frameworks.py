@@ -50,6 +50,12 @@ def frameworks_of(spec: TrainSpec) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def preload_environment(spec: TrainSpec) -> dict[str, str]:
+    """What a job of SPEC adds to its environment for its standby to load its frameworks: nothing if it uses none."""
+    used = frameworks_of(spec)
+    return {PRELOAD_ENV: ",".join(used)} if used else {}
+
+
 def named(value: str) -> tuple[str, ...]:
     """The frameworks a PRELOAD_ENV value names, sorted; a name that is none of them is left out."""
     return tuple(sorted({name for name in value.split(",") if name in FRAMEWORKS}))

@@ -30,7 +30,7 @@ from training_platform.launch.base import (
     python_executable,
 )
 from training_platform.launch.failures import last_exception
-from training_platform.launch.frameworks import PRELOAD_ENV, frameworks_of
+from training_platform.launch.frameworks import preload_environment
 from training_platform.launch.job_env import job_environment
 from training_platform.launch.node_group import Node
 from training_platform.paths import PlatformHome
@@ -111,9 +111,8 @@ class LocalLauncher:
         elif request.spec.resources.spot:
             # Spot runs expect preemptions: their requeues start from a warm standby (standby.py).
             env[standby.STANDBY_ENV] = "1"
-        if (used := frameworks_of(request.spec)) and (standby.SHARED_ENV in env or standby.STANDBY_ENV in env):
-            # Its standby loads them too, before it forks the ranks (frameworks.py).
-            env[PRELOAD_ENV] = ",".join(used)
+        if standby.SHARED_ENV in env or standby.STANDBY_ENV in env:
+            env |= preload_environment(request.spec)  # its standby loads them too, before it forks the ranks
         command = [
             python_executable(),
             "-m",

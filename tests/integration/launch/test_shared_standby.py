@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.fixtures.worker import wait_until
+from tests.fixtures.worker import standby_pid, wait_until
 from training_platform.launch import standby
 from training_platform.launch.frameworks import PRELOAD_ENV
 from training_platform.telemetry.samplers import local_training_processes
@@ -39,7 +39,7 @@ def shared(tmp_path_factory):
 
 
 def _standby_pid(home: Path) -> int:
-    return int((home / standby.SHARED_LOG_FILE).read_text().split("standby ", 1)[1].split(":", 1)[0])
+    return standby_pid(home / standby.SHARED_LOG_FILE)
 
 
 def _agent(shared, run: str, *module_args: str, env_extra: dict | None = None) -> tuple[subprocess.Popen, Path]:
@@ -104,8 +104,7 @@ def test_a_run_using_deepspeed_is_forked_by_a_standby_that_loaded_it_once_that_o
     standby.spawn_shared(home, owner.pid, {**env, **uses_deepspeed})
     log = home / standby.SHARED_LOG_FILE
     wait_until(lambda: "(with deepspeed)" in log.read_text(), what="the DeepSpeed standby ready", timeout=120)
-    loaded = int(next(line for line in log.read_text().splitlines() if "(with deepspeed)" in line)
-                 .split("standby ", 1)[1].split(":", 1)[0])
+    loaded = standby_pid(log, "(with deepspeed)")
     agent, run_dir = _agent(shared, "deepspeed-warm", env_extra=uses_deepspeed)
     assert agent.wait(timeout=120) == 0, (run_dir / "agent.log").read_text()[-3000:]
     for seen in _ranks(run_dir):
