@@ -7,6 +7,7 @@ torchrun and Slurm's signals, not training.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable
@@ -158,13 +159,16 @@ def test_a_run_stopped_at_its_time_limit_checkpoints_and_is_requeued_but_not_as_
 
     Slurm sends that signal up to a minute early, so a one-minute limit could signal a worker still starting (seen
     on a busy machine: nothing to checkpoint yet). The job starts with ten minutes, and once its worker runs, its
-    limit is cut to end a minute or two from now."""
-    request = _request(tmp_path, "limit", seconds=600, grace=25, slurm={"time_limit": "10"}, procs_per_node=1)
+    limit is cut to the first whole minute that leaves the worker its grace and a little more: the signal comes
+    within a minute, and the limit itself no sooner than the grace after it."""
+    grace = 25
+    request = _request(tmp_path, "limit", seconds=600, grace=grace, slurm={"time_limit": "10"}, procs_per_node=1)
     handle = launcher.submit(launcher.plan(request))
     _wait_for_file("started-rank0-attempt1", request.run_dir, 120)
     record = slurm_cluster.run("scontrol", "show", "job", "-o", handle.job_id).stdout
     elapsed_s = _seconds(re.search(r"RunTime=(\S+)", record).group(1))
-    limit = slurm_cluster.run("scontrol", "update", f"JobId={handle.job_id}", f"TimeLimit={elapsed_s // 60 + 2}")
+    minutes = math.ceil((elapsed_s + grace + 10) / 60)
+    limit = slurm_cluster.run("scontrol", "update", f"JobId={handle.job_id}", f"TimeLimit={minutes}")
     assert limit.returncode == 0, limit.stderr
 
     seen = _wait(launcher, handle, lambda s: s.restarts >= 1, 240)
