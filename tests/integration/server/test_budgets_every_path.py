@@ -1,6 +1,7 @@
 """Over budget, every path is refused with the figures: a run submitted straight to the server (as the UI's
 Launchpad does, with no `tp` check before it), its resume, and a retrain. The training asset refuses before
-it launches anything; nothing trains, so the module costs one server start and two short Dagster runs."""
+it launches anything; nothing trains. On the test worker's shared server (tests/fixtures/platform.py), where a team
+of the module's own has spent $1.50 of its $1 budget this month: the module costs two short Dagster runs."""
 
 from __future__ import annotations
 
@@ -8,39 +9,49 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+import yaml
 
-from tests.fixtures.platform import last_json, running_platform, server_logs
+from tests.fixtures.platform import ROOT, last_json, server_logs
 from training_platform.client import PlatformClient
 from training_platform.client.runs import wait_for
+from training_platform.cost.accounting import LEDGER
 from training_platform.datasets import build_snapshot
 from training_platform.runs import spec_tags
 from training_platform.spec import parse_spec
 from training_platform.submission import PARTITION_TAG, RESUME_TAG, TRAINING_JOB, training_run_config
+from training_platform.teams import load_teams
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-SPENT = {"key": "earlier#1", "kind": "attempt", "run_id": "earlier", "team": "ml-platform", "sweep": None,
+TEAM = "spent-team"  # the module's own team on the shared server
+SPENT = {"key": "spent-earlier#1", "kind": "attempt", "run_id": "spent-earlier", "team": TEAM, "sweep": None,
          "total_usd": 1.5, "compute_usd": 1.5}
-FIGURES = ("team 'ml-platform' is over its monthly budget: spent $1.50 of $1.00", "this submission is estimated at $",
-           "Raise teams.ml-platform.monthly_usd in")
+FIGURES = (f"team '{TEAM}' is over its monthly budget: spent $1.50 of $1.00", "this submission is estimated at $",
+           f"Raise teams.{TEAM}.monthly_usd in")
 LAUNCHED = {"spec.json", "pipes-messages.jsonl", "worker.log", "events.jsonl"}  # what a launch writes
 
 
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory):
-    """A server whose team has spent $1.50 of its $1 budget this month."""
-    home = tmp_path_factory.mktemp("tp-home")
-    (home / "teams.yaml").write_text("teams:\n  ml-platform: {monthly_usd: 1}\n")
-    (home / "cost").mkdir()
-    (home / "cost" / "ledger.jsonl").write_text(json.dumps(SPENT | {"at": datetime.now(UTC).isoformat()}) + "\n")
-    with running_platform(home, TP_TEAMS=str(home / "teams.yaml")) as running:
-        yield running
+@pytest.fixture(scope="module", autouse=True)
+def spent_team(platform):
+    """The module's team, declared in the shared server's teams file for the module with a $1 budget, and $1.50 spent
+    this month in its ledger (the server reads both at each submission)."""
+    _, teams_file = load_teams(platform.home)
+    declared = teams_file.read_text()
+    teams = yaml.safe_load(declared)
+    teams["teams"][TEAM] = {"monthly_usd": 1}
+    teams_file.write_text(yaml.safe_dump(teams))
+    ledger = platform.home / "cost" / LEDGER
+    ledger.parent.mkdir(exist_ok=True)
+    with ledger.open("a") as rows:
+        rows.write(json.dumps(SPENT | {"at": datetime.now(UTC).isoformat()}) + "\n")
+    yield TEAM
+    teams_file.write_text(declared)
 
 
 @pytest.fixture(scope="module")
 def ui_launch(platform):
     """A run submitted to the server directly (no `tp train` before it) and how it ended."""
     snapshot = build_snapshot("sklearn_digits", platform.home / "snapshots").snapshot_id
-    spec = parse_spec({"name": "from-ui", "team": "ml-platform", "owner": "ci", "dataset": {"snapshot_id": snapshot}})
+    spec = parse_spec({"name": "from-ui", "team": TEAM, "owner": "ci", "dataset": {"snapshot_id": snapshot}})
     client = PlatformClient(platform.url)
     client.add_partition("from-ui-1")
     dagster_run_id = client.submit(TRAINING_JOB, tags=spec_tags(spec) | {PARTITION_TAG: "from-ui-1"},
@@ -74,10 +85,13 @@ def test_its_resume_is_refused_the_same_way_and_not_retried(platform, ui_launch)
     assert len(attempts) == 2 and RESUME_TAG in max(attempts, key=lambda r: r.created).tags  # no retry queued
 
 
-def test_a_retrain_over_budget_is_refused_before_anything_is_queued(platform):
+def test_a_retrain_over_budget_is_refused_before_anything_is_queued(platform, tmp_path):
+    spec = yaml.safe_load((ROOT / "examples" / "digits-daily.yaml").read_text()) | {"team": TEAM}
+    (tmp_path / "daily.yaml").write_text(yaml.safe_dump(spec))
     client = PlatformClient(platform.url)
     before = len(client.runs())
-    proc = platform.tp("retrain", "--from", "2026-01-01", "--to", "2026-01-03", "--json")
+    proc = platform.tp("retrain", "--from", "2026-01-01", "--to", "2026-01-03", "--spec", str(tmp_path / "daily.yaml"),
+                       "--json")
     assert proc.returncode == 2, proc.stderr[-2000:]
     refusal = last_json(proc)
     assert refusal["status"] == "REFUSED"
