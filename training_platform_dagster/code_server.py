@@ -35,41 +35,11 @@ WARM_STARTS_ENV = "TP_WARM_STARTS"
 WARM_MODULES = ["dagster", "dagster._grpc.impl", "dagster._core.execution.api"]
 """Imported by the fork server before any run; the code location's module is added from the command line."""
 
-STEP_MODULES = [
-    "torch",
-    "mlflow",
-    "mlflow.pytorch",
-    "great_expectations",
-    "great_expectations.expectations",
-    # What those load on first use, found by listing sys.modules at the end of a run of examples/digits.yaml: logging
-    # the model (torch.export and its compiler's modules, networkx; MLflow's pyfunc, tracing and GitPython), the
-    # tracking and registry stores on SQLAlchemy, the snapshot's dataset reader, the launcher, the run's executor.
-    "torch.export._trace",
-    "torch._functorch.aot_autograd",
-    "torch._inductor.codecache",
-    "networkx",
-    "git",
-    "opentelemetry.sdk.metrics",
-    "mlflow.pyfunc",
-    "mlflow.pyfunc.scoring_server",
-    "mlflow.tracing.export",
-    "mlflow.tracing.processor",
-    "mlflow.store.tracking.sqlalchemy_store",
-    "mlflow.store.model_registry.sqlalchemy_store",
-    "upath",
-    "pyarrow.dataset",
-    "training_platform.launch.local",
-    "dagster._core.executor.in_process",
-    "dagster._core.instance.factory",
-    "dagster._core.storage.migration",
-]
+STEP_MODULES = ["torch", "mlflow", "mlflow.pytorch", "great_expectations", "great_expectations.expectations"]
 """What the platform's steps import when they first need it, in every run's process: before the fork server imported
-them, the registry step spent 6-8 s of each run importing `mlflow.pytorch` (torch, MLflow, torch.export), the
-snapshot step 3.3 s importing Great Expectations, and with only those, each run's process still imported 681 modules
-(the rest of the list: a sweep module of 8 trials, 86-88 s wall without them, 81 s with, the heap frozen after the
-preload). Only imported: the fork server runs no torch operation, so each run's process starts torch's thread pools
-itself. The fork server skips a name that does not import (a library's upgrade may move one):
-tests/unit/test_code_server.py checks that each does."""
+them, the registry step spent 6-8 s of each run importing `mlflow.pytorch` (torch, MLflow, torch.export), and the
+snapshot step 3.3 s importing Great Expectations. Only imported: the fork server runs no torch operation, so each
+run's process starts torch's thread pools itself."""
 
 
 def _location_module(argv: list[str]) -> str | None:

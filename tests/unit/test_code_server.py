@@ -1,19 +1,7 @@
-"""The code server's fork server imports what a run's process needs before its first run: the instance's classes
-and what the steps load."""
-
-import importlib.util
-
-import pytest
+"""The code server's fork server imports what a run's process needs before its first run: the instance's classes."""
 
 from training_platform.server import DATABASE_ENV, instance_config
-from training_platform_dagster.code_server import STEP_MODULES, WARM_MODULES, instance_modules
-
-
-@pytest.mark.parametrize("module", WARM_MODULES + STEP_MODULES)
-def test_each_module_the_fork_server_preloads_is_found(module):
-    # The fork server skips a name that does not import: after a library's upgrade moved one, runs would be slower
-    # and nothing would say so.
-    assert importlib.util.find_spec(module) is not None, f"{module} is gone: update code_server.STEP_MODULES"
+from training_platform_dagster.code_server import instance_modules
 
 
 def test_the_shipped_instance_preloads_its_sqlite_storage_and_the_team_queue(tmp_path, monkeypatch):
