@@ -19,10 +19,10 @@ $(BIN)/tp: pyproject.toml constraints.txt
 demo: $(BIN)/tp
 	$(BIN)/tp demo
 
-# Three workers on two cores: a fifth of the cores sat idle with two, while both workers' tests waited at once (on
-# Slurm's holds, a cron minute, a paced run); a third worker's tests fill those waits. On this machine: 1596 s with
-# two workers, 1413 s with three, back to back from fresh clones.
-TEST_WORKERS ?= 3
+# Two workers on two cores. A fifth of the cores sits idle with two (both workers' tests waiting at once on Slurm's
+# holds, a cron minute, a paced run), and three filled it (1413 s against 1596 s here), but the Slurm asset test's
+# restart bound (45 s of wall clock) failed once in three such runs (50 s). Three, once that bound is not a clock.
+TEST_WORKERS ?= 2
 
 test: $(BIN)/tp
 	$(BIN)/ruff check .
