@@ -5,7 +5,6 @@ of the module's own has spent $1.50 of its $1 budget this month: the module cost
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 
 import pytest
@@ -14,7 +13,7 @@ import yaml
 from tests.fixtures.platform import ROOT, last_json, server_logs
 from training_platform.client import PlatformClient
 from training_platform.client.runs import wait_for
-from training_platform.cost.accounting import LEDGER
+from training_platform.cost.accounting import open_ledger
 from training_platform.datasets import build_snapshot
 from training_platform.runs import spec_tags
 from training_platform.spec import parse_spec
@@ -39,10 +38,7 @@ def spent_team(platform):
     teams = yaml.safe_load(declared)
     teams["teams"][TEAM] = {"monthly_usd": 1}
     teams_file.write_text(yaml.safe_dump(teams))
-    ledger = platform.home / "cost" / LEDGER
-    ledger.parent.mkdir(exist_ok=True)
-    with ledger.open("a") as rows:
-        rows.write(json.dumps(SPENT | {"at": datetime.now(UTC).isoformat()}) + "\n")
+    open_ledger(platform.home).record_once([SPENT | {"at": datetime.now(UTC).isoformat()}])
     yield TEAM
     teams_file.write_text(declared)
 
