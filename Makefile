@@ -22,7 +22,7 @@ demo: $(BIN)/tp
 # Two workers on two cores. A fifth of the cores sits idle with two (both workers' tests waiting at once on Slurm's
 # holds, a cron minute, a paced run), and three filled it (1413 s against 1596 s here), but the Slurm asset test's
 # restart bound (45 s of wall clock) failed once in three such runs (50 s). Three, once that bound is not a clock.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 
 test: $(BIN)/tp
 	$(BIN)/ruff check .

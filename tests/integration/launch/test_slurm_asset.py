@@ -1,5 +1,5 @@
 """The same `training_run` asset on real Slurm: parity with local, and two real spot preemptions, each
-restarting at once (no requeue hold), the second moving the run to on-demand."""
+released from Slurm's requeue hold by the platform, the second moving the run to on-demand."""
 
 import json
 import re
@@ -19,7 +19,6 @@ from training_platform.runs import read_result, register_run
 from training_platform.spec import parse_spec
 
 SLURM_WAIT_SECONDS = 240  # a preemption and requeue through slurmctld's scheduling cycle
-RESTART_BOUND_S = 45  # from the emergency checkpoint to the next attempt; Slurm alone would hold it 120 s
 
 pytestmark = [
     pytest.mark.integration,
@@ -45,18 +44,31 @@ def _count(events: RunEvents, kind: str) -> int:
     return sum(1 for e in events.read() if e["kind"] == kind)
 
 
-def _preempt(cluster, events: RunEvents, number: int) -> float:
-    """An on-demand job needs the spot run's CPUs; the seconds from the run's emergency checkpoint to its
-    next attempt starting. Nothing here releases Slurm's two-minute hold on the requeued job
-    (Reason=BeginTime): the platform does, having seen the checkpoint."""
+def _preempt(cluster, events: RunEvents, number: int) -> None:
+    """An on-demand job needs the spot run's CPUs; returns once the run trains again."""
     cluster.run("sbatch", "--parsable", "--partition=ondemand", "--ntasks=1", "--output=/dev/null", "--wrap=sleep 1")
     wait_until(lambda: _count(events, "preempted") >= number, SLURM_WAIT_SECONDS, f"preemption {number}")
-    wait_until(
-        lambda: _count(events, "first_step") > number, SLURM_WAIT_SECONDS, f"resume after preemption {number}"
-    )
-    preempted = [e["at"] for e in events.read() if e["kind"] == "preempted"][number - 1]
-    restarted = [e["at"] for e in events.read() if e["kind"] == "started"][number]
-    return restarted - preempted
+    wait_until(lambda: _count(events, "first_step") > number, SLURM_WAIT_SECONDS, f"resume after preemption {number}")
+
+
+def _released_each_requeue(instance, run_id: str, events: RunEvents) -> None:
+    """Slurm holds a requeued job back (Reason=BeginTime; 30 s on the test cluster, 120 s by default): for each
+    preemption the platform, having seen the emergency checkpoint, released that hold before the next attempt
+    started. What it did, not how long it took: on a loaded machine the attempt's own start varies."""
+    released = [
+        entry.timestamp
+        for entry in instance.all_logs(run_id)
+        if "checkpointed cleanly, requeue hold released" in entry.user_message
+    ]
+    history = events.read()
+    preempted = [e["at"] for e in history if e["kind"] == "preempted"]
+    restarted = [e["at"] for e in history if e["kind"] == "started"][1:]
+    assert len(preempted) == 2 and len(restarted) == 2, history
+    for number, (checkpointed, started) in enumerate(zip(preempted, restarted, strict=True), start=1):
+        assert any(checkpointed < at < started for at in released), (
+            f"preemption {number}: no hold released between its checkpoint ({checkpointed}) and the next start "
+            f"({started}); releases at {released}"
+        )
 
 
 def test_training_run_on_slurm_survives_two_preemptions_and_matches_local(instance, slurm_cluster):
@@ -85,11 +97,9 @@ def test_training_run_on_slurm_survives_two_preemptions_and_matches_local(instan
     worker.start()
     events = RunEvents(home.run_dir("on-slurm"))
     wait_until(lambda: _count(events, "first_step") >= 1, SLURM_WAIT_SECONDS, "the Slurm job to start training")
-    recoveries = [_preempt(slurm_cluster, events, number) for number in (1, 2)]
+    for number in (1, 2):
+        _preempt(slurm_cluster, events, number)
     worker.join(timeout=600)
-    # Measured 11.5-12.2 s on a busy 2-core machine (benchmarks/preemption.py --backend slurm has the figures);
-    # the bound leaves room for a busier CI while staying far under Slurm's own 120 s hold.
-    assert all(seconds < RESTART_BOUND_S for seconds in recoveries), f"restarts {recoveries} s after the checkpoint"
     # After the second preemption (preemption.fallback_to_ondemand_after), the requeued job moved to on-demand.
     (moved,) = [e for e in events.read() if e["kind"] == "moved_to_on_demand"]
     assert "2 preemptions on spot" in moved["reason"]
@@ -102,6 +112,8 @@ def test_training_run_on_slurm_survives_two_preemptions_and_matches_local(instan
 
     result = box["result"]
     assert result.success
+    # How soon a released job restarts is a figure of benchmarks/preemption.py --backend slurm.
+    _released_each_requeue(instance, result.run_id, events)
     trained = read_result(home, "on-slurm")
     assert trained["world_size"] == 2
     assert trained["final_weights_sha256"] == expected
