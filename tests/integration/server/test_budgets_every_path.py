@@ -6,6 +6,7 @@ of the module's own has spent $1.50 of its $1 budget this month: the module cost
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import yaml
@@ -18,7 +19,7 @@ from training_platform.datasets import build_snapshot
 from training_platform.runs import spec_tags
 from training_platform.spec import parse_spec
 from training_platform.submission import PARTITION_TAG, RESUME_TAG, TRAINING_JOB, training_run_config
-from training_platform.teams import load_teams
+from training_platform.teams import TEAMS_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TEAM = "spent-team"  # the module's own team on the shared server
@@ -33,7 +34,7 @@ LAUNCHED = {"spec.json", "pipes-messages.jsonl", "worker.log", "events.jsonl"}  
 def spent_team(platform):
     """The module's team, declared in the shared server's teams file for the module with a $1 budget, and $1.50 spent
     this month in its ledger (the server reads both at each submission)."""
-    _, teams_file = load_teams(platform.home)
+    teams_file = Path(platform.env[TEAMS_ENV])
     declared = teams_file.read_text()
     teams = yaml.safe_load(declared)
     teams["teams"][TEAM] = {"monthly_usd": 1}

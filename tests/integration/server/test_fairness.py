@@ -2,10 +2,11 @@
 
 Each team submits four runs (1 process, 100 steps), all at once and team after team (team-a's four first: the order
 in which a plain FIFO queue would let team-a take every slot), against one server with deploy/dagster/dagster.yaml
-(at most 2 runs in progress per team, 6 in all). Each run trains a user's script whose steps take wall time, not CPU
-(tests/fixtures/paced_train.py, 20 ms a step): what the queue shares is slots over time, and a run that holds its
-slot for its steps leaves the two cores to the server under test. A script's run has no evaluation or registry step
-(the pipeline's tests have those).
+(at most 2 runs in progress per team, 6 in all): the test worker's shared server (tests/fixtures/platform.py), whose
+other modules' runs have ended when this one starts; only the three teams' runs are counted. Each run trains a
+user's script whose steps take wall time, not CPU (tests/fixtures/paced_train.py, 20 ms a step): what the queue
+shares is slots over time, and a run that holds its slot for its steps leaves the two cores to the server under
+test. A script's run has no evaluation or registry step (the pipeline's tests have those).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from tests.fixtures.platform import running_platform, server_logs
+from tests.fixtures.platform import server_logs
 from tests.integration.server.runs import PACED_SCRIPT, write_spec
 from training_platform.client import PlatformClient
 from training_platform.client.runs import submit_training
@@ -30,6 +31,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120
 TEAMS = ("team-a", "team-b", "team-c")
 RUNS_PER_TEAM = 4
 IN_PROGRESS = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
+THE_TEAMS_RUNS = dg.RunsFilter(job_name="training_pipeline", tags={"team": list(TEAMS)})
 
 
 def team_limit() -> int:
@@ -37,9 +39,8 @@ def team_limit() -> int:
     return next(rule["limit"] for rule in config["tag_concurrency_limits"] if rule["key"] == "team")
 
 
-def test_three_teams_of_real_runs_share_the_queue_fairly(tmp_path):
-    home = tmp_path / "home"
-    snapshot = build_snapshot("sklearn_digits", home / "snapshots").snapshot_id
+def test_three_teams_of_real_runs_share_the_queue_fairly(platform, tmp_path):
+    snapshot = build_snapshot("sklearn_digits", platform.home / "snapshots").snapshot_id
     specs = {
         team: load_spec(write_spec(tmp_path, f"fair-{team}", team=team, dataset={"snapshot_id": snapshot},
                                    training={"max_steps": 100, "log_every": 50}, resources={"procs_per_node": 1},
@@ -48,19 +49,18 @@ def test_three_teams_of_real_runs_share_the_queue_fairly(tmp_path):
         for team in TEAMS
     }
     limit = team_limit()
-    with running_platform(home) as platform:
-        client = PlatformClient(platform.url)
-        for team in TEAMS:
-            for _ in range(RUNS_PER_TEAM):
-                submit_training(client, specs[team], new_run_id(specs[team]))
-        samples = _sample_until_done(platform, len(TEAMS) * RUNS_PER_TEAM)
-        with platform.instance() as instance:
-            records = instance.get_run_records(dg.RunsFilter(job_name="training_pipeline"))
-            statuses = [r.dagster_run.status.value for r in records]
-            assert statuses == ["SUCCESS"] * len(TEAMS) * RUNS_PER_TEAM, server_logs(home)
-            intervals = defaultdict(list)
-            for r in records:
-                intervals[r.dagster_run.tags["team"]].append((r.start_time, r.end_time))
+    client = PlatformClient(platform.url)
+    for team in TEAMS:
+        for _ in range(RUNS_PER_TEAM):
+            submit_training(client, specs[team], new_run_id(specs[team]))
+    samples = _sample_until_done(platform, len(TEAMS) * RUNS_PER_TEAM)
+    with platform.instance() as instance:
+        records = instance.get_run_records(THE_TEAMS_RUNS)
+        statuses = [r.dagster_run.status.value for r in records]
+        assert statuses == ["SUCCESS"] * len(TEAMS) * RUNS_PER_TEAM, server_logs(platform.home)
+        intervals = defaultdict(list)
+        for r in records:
+            intervals[r.dagster_run.tags["team"]].append((r.start_time, r.end_time))
 
     for team in TEAMS:
         assert len(intervals[team]) == RUNS_PER_TEAM
@@ -85,7 +85,7 @@ def _sample_until_done(platform, total: int, timeout: float = 1000) -> list[tupl
     deadline = time.monotonic() + timeout
     with platform.instance() as instance:
         while time.monotonic() < deadline:
-            runs = instance.get_runs(dg.RunsFilter(job_name="training_pipeline"))
+            runs = instance.get_runs(THE_TEAMS_RUNS)
             running, pending = defaultdict(int), defaultdict(int)
             for run in runs:
                 pending[run.tags["team"]] += not run.is_finished
