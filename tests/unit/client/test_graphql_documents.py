@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-from dagster_graphql.schema import create_schema
 from graphql import parse, validate
 
 from training_platform import server
@@ -24,6 +23,8 @@ def test_the_documents_are_found():
 
 @pytest.fixture(scope="module")
 def schema():
+    from dagster_graphql.schema import create_schema  # 1.8 s: imported by the worker that runs these tests only
+
     return create_schema().graphql_schema
 
 

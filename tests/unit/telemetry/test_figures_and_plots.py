@@ -6,7 +6,6 @@ import pytest
 from PIL import Image
 
 from training_platform.spec import parse_spec
-from training_platform.telemetry import plots
 from training_platform.telemetry.figures import RunClock, cost_usd, hourly_rate, run_figures
 from training_platform.telemetry.samplers import SystemSample
 from training_platform.telemetry.worker import WorkerTelemetry
@@ -82,6 +81,8 @@ def _samples(n=20):
 
 
 def test_plots_are_real_pngs(tmp_path):
+    from training_platform.telemetry import plots  # matplotlib: imported by the worker that runs this test only
+
     history = [(s, {"train_loss": 2.0 / s, "val_accuracy": 1 - 1 / s, "epoch": 0.0}) for s in range(1, 40)]
     paths = [
         plots.loss_curves(history, tmp_path / "loss.png", title="run-1"),

@@ -12,7 +12,6 @@ from training_platform.datasets import build_snapshot
 from training_platform.datasets.file_spec import FileColumns
 from training_platform.datasets.files import FileSource, build_file_snapshot
 from training_platform.datasets.text import load_tokenizer
-from training_platform.train.adapters.hf import pipeline_task, snapshot_tokenizer
 from training_platform.train.split_data import SplitBatches, SplitStream
 
 WINE = Path(__file__).resolve().parents[3] / "examples" / "own_data" / "data"
@@ -47,6 +46,9 @@ def test_each_rank_reads_its_own_rows_and_a_reload_reads_the_same(tmp_path):
 
 
 def test_a_text_snapshot_gives_its_token_ids_and_the_tokenizer_that_made_them(tmp_path):
+    # Imported here, as transformers (2.7 s) is, by the worker that runs the test, not by every worker's collection.
+    from training_platform.train.adapters.hf import snapshot_tokenizer
+
     manifest = build_snapshot("python_stdlib_text", tmp_path)
     test = SplitBatches.load(tmp_path, manifest.snapshot_id, "test", batch_size=8, rank=0, world_size=1, seed=3)
     # Ids as stored, not scaled to [0, 1]: a model embeds them.
@@ -66,6 +68,8 @@ def test_a_text_snapshot_gives_its_token_ids_and_the_tokenizer_that_made_them(tm
 
 def test_the_hf_adapter_names_the_pipeline_a_model_serves():
     from transformers import BertConfig, BertForSequenceClassification, BertModel, GPT2Config, GPT2LMHeadModel
+
+    from training_platform.train.adapters.hf import pipeline_task
 
     tiny = {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 8}
     assert pipeline_task(GPT2LMHeadModel(GPT2Config(n_embd=8, n_layer=1, n_head=2))) == "text-generation"
