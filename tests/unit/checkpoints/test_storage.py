@@ -45,6 +45,21 @@ def test_put_get_list_delete_roundtrip(tmp_path):
     assert not storage.exists("chunks/abc") and storage.list("missing") == []
 
 
+def test_a_listing_names_every_file_below_its_prefix_sorted_with_its_size_and_age(tmp_path):
+    storage = LocalStorage(tmp_path)
+    for key, size in (("runs/b/000000000002.json", 2), ("runs/a/000000000001.json", 1), ("runs/a/x/deep", 3),
+                      ("runsx/other", 4)):
+        storage.put(key, b"x" * size)
+    (tmp_path / "runs" / "a" / ".half.123.tmp").write_bytes(b"half")  # a write in flight
+    os.utime(tmp_path / "runs" / "a" / "x" / "deep", (1000, 1000))
+    infos = storage.list_info("runs/")
+    assert [(i.key, i.size) for i in infos] == [
+        ("runs/a/000000000001.json", 1), ("runs/a/x/deep", 3), ("runs/b/000000000002.json", 2)
+    ]
+    assert infos[1].modified == 1000
+    assert storage.list("runs/a/000000000001.json") == [] and storage.list("nothing/here") == []
+
+
 def test_get_into_refuses_an_object_larger_than_expected(tmp_path):
     storage = LocalStorage(tmp_path)
     storage.put("chunks/abc", b"x" * 10)
