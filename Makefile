@@ -20,7 +20,8 @@ demo: $(BIN)/tp
 	$(BIN)/tp demo
 
 # Three workers on two cores: with two, a fifth of the cores sat idle (both workers' tests waiting at once on Slurm's
-# holds, a cron minute, a paced run); three kept them 97% busy (1413 s against 1596 s here). `TEST_WORKERS=2` runs two.
+# holds, a cron minute, a paced run); three keep them 92-97% busy (fresh clones here: 1413-1618 s, against 1596 s with
+# two in the same week). `TEST_WORKERS=2` runs two.
 TEST_WORKERS ?= 3
 
 test: $(BIN)/tp
