@@ -1,5 +1,6 @@
 """The instance config tp server start writes: the shipped queue, on PostgreSQL when TP_DAGSTER_DATABASE_URL is set."""
 
+import dagster as dg
 import pytest
 import yaml
 
@@ -30,3 +31,11 @@ def test_a_url_dagster_cannot_use_is_refused_naming_the_scheme_to_write(monkeypa
     with pytest.raises(ServerError, match=r"postgresql\+psycopg2://") as refused:
         instance_config()
     assert "pw@" not in str(refused.value)  # the message never repeats the password
+
+
+def test_the_shipped_instance_shows_no_onboarding_dialog(tmp_path, monkeypatch):
+    """Dagster's "Join the Dagster community" dialog (asking for an e-mail address) stays off a team's UI."""
+    monkeypatch.delenv(DATABASE_ENV, raising=False)
+    (tmp_path / "dagster.yaml").write_text(instance_config())
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        assert instance.nux_enabled is False
