@@ -9,14 +9,14 @@ Needs Debian's `chromium` and `chromium-driver`; as root the test installs them 
 otherwise (or when that fails) it skips and says why.
 """
 
-import json
 import os
 import shutil
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from training_platform.client import PlatformClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]
@@ -134,10 +134,7 @@ def _click(driver, find) -> None:
 
 def test_the_server_offers_no_onboarding_dialog(ui):
     """What the UI asks before it shows the dialog, answered by the server itself."""
-    query = json.dumps({"query": "{ shouldShowNux }"}).encode()
-    request = urllib.request.Request(f"{ui}/graphql", data=query, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        assert json.load(answer) == {"data": {"shouldShowNux": False}}
+    assert PlatformClient(ui).query("{ shouldShowNux }") == {"shouldShowNux": False}
 
 
 def test_asset_graph_shows_the_five_assets(browser, ui, artifacts):
