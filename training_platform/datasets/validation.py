@@ -141,7 +141,11 @@ def validate_snapshot(
         definition = context.validation_definitions.add(
             gx.ValidationDefinition(name=f"snapshot_{name}", data=batch, suite=suite)
         )
-        outcome = definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
+        # Verdicts alone first; only a frame with a failure is validated again for the counts and examples that
+        # name what broke. A passing digits snapshot: 1.5-2.2 s of CPU with SUMMARY throughout, 0.9 s this way.
+        outcome = definition.run(batch_parameters={"dataframe": frame}, result_format="BOOLEAN_ONLY")
+        if not outcome.success:
+            outcome = definition.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
         results.extend(_to_result(item) for item in outcome.results)
     return ValidationReport(snapshot_id, all(result.success for result in results), results)
 
