@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 PREEMPTION_MARGIN_S = 30
 # Slurm sends the time limit's signal up to a minute before --signal asks (its event resolution).
 TIME_LIMIT_SLACK_S = 90
+# The batch script's forward of a SIGTERM to the tasks gives up after this: scancel retries a job in transition for
+# about a minute and a half, and one that outlived its attempt's shell signalled the next attempt's ranks.
+FORWARD_TERM_TIMEOUT_S = 10
 ROOM_POLL_S = 0.5
 
 
@@ -421,12 +424,16 @@ def render_sbatch(
         "# by killing the step (SIGKILL), and no checkpoint is written. A SIGTERM this close to the job's",
         "# end is its time limit's (Slurm sends it up to a minute early); earlier, it is a preemption.",
         'stop_cause=""',
+        "# A SIGTERM while the job is not RUNNING is Slurm ending it (scancel, a failed node): Slurm signals the",
+        "# tasks itself, and a forward would only wait on the job's transition (holding its requeue).",
         "on_term() {",
+        '    term_state=$(job_field JobState)',
+        '    if [[ $term_state != RUNNING ]]; then echo "tp: SIGTERM as Slurm ends the job ($term_state)"; return; fi',
         '    end_s=$(date -d "$(job_field EndTime)" +%s 2>/dev/null) || end_s=""',
         f"    if [[ -n $end_s ]] && (( end_s - $(date +%s) <= {time_limit_window} )); then stop_cause={TIME_LIMIT};",
         "    else stop_cause=preempted; fi",
         '    echo "tp: SIGTERM ($stop_cause), stopping workers for an emergency checkpoint"',
-        '    scancel --signal=TERM "$SLURM_JOB_ID"',
+        f'    timeout {FORWARD_TERM_TIMEOUT_S} scancel --signal=TERM "$SLURM_JOB_ID"',
         "}",
         "trap on_term TERM",
         "srun --kill-on-bad-exit=1 --ntasks-per-node=1 " + " ".join(torchrun) + " &",

@@ -9,8 +9,9 @@ log (`srun: error: Node failure on NODE`, `... CANCELLED ... DUE TO NODE FAILURE
 
 Such a job waits out Slurm's requeue hold (about two minutes), unlike one whose attempt checkpointed on a
 preemption. Started sooner, 4 of 12 new attempts here went wrong on the returned node (Slurm 22.05): once its
-ranks got SIGTERM 35 s after the node came back (the lost attempt's kill, which slurmctld still delivers to a
-node once it answers), three times srun waited for ever on "Requested nodes are busy".
+ranks got SIGTERM (the lost attempt's kill, which slurmctld delivers to the node once it answers, about 50 s
+after marking it down; the new attempt has the same job id), three times srun waited for ever on "Requested
+nodes are busy". A hold shorter than that minute (`cred_expire`) brings the first back every time.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def _preempt(cluster, events: RunEvents, number: int) -> None:
 
 
 def _released_each_requeue(instance, run_id: str, events: RunEvents) -> None:
-    """Slurm holds a requeued job back (Reason=BeginTime; 30 s on the test cluster, 120 s by default): for each
+    """Slurm holds a requeued job back (Reason=BeginTime; 80 s on the test cluster, 120 s by default): for each
     preemption the platform, having seen the emergency checkpoint, released that hold before the next attempt
     started. What it did, not how long it took: on a loaded machine the attempt's own start varies."""
     released = [

@@ -156,7 +156,7 @@ def test_a_lost_node_is_reported_and_the_run_resumes_when_it_is_back(home, two_n
         assert seen[JobState.REQUEUED].startswith("requeued after node tp-node1 failed"), seen
         restored = two_nodes.script("up")
         assert restored.returncode == 0, restored.stderr
-        # Slurm's requeue hold stands (slurm_nodes.py): the next attempt starts once it ends (cred_expire, 30 s here).
+        # Slurm's requeue hold stands (slurm_nodes.py): the next attempt starts once it ends (cred_expire, 80 s here).
         assert slurm.release_requeue_hold(handle) is None
         resumed = _finish(slurm, handle, request)
     finally:
@@ -165,5 +165,8 @@ def test_a_lost_node_is_reported_and_the_run_resumes_when_it_is_back(home, two_n
             slurm.cancel(handle)
     log = slurm.logs(handle)
     assert "Node failure on tp-node1" in log and "attempt 2 on tp-node[0-1]" in log, log[-3000:]
+    # The lost attempt's shell forwarded nothing: its scancel, retrying while the job requeued, once outlived the
+    # shell and signalled the next attempt's ranks.
+    assert "tp: SIGTERM as Slurm ends the job" in log and "SIGTERM (preempted)" not in log, log[-3000:]
     assert "resumed from checkpoint" in log, log[-3000:]
     assert resumed["final_weights_sha256"] == one_node["final_weights_sha256"]
