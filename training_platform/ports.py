@@ -4,12 +4,15 @@ While such a server is down, a port in the ephemeral range can be handed to an o
 its local port, or to a client that keeps dialling the port itself (TCP's simultaneous open connects it
 to itself). The restarted server then fails with "address already in use": seen with SeaweedFS, whose
 own parts retry their master while it starts.
+
+    python -m training_platform.ports [HOST]   prints such a port free on HOST (a Slurm job's rendezvous)
 """
 
 from __future__ import annotations
 
 import random
 import socket
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -26,17 +29,17 @@ def ephemeral_range() -> tuple[int, int]:
     return low, high
 
 
-def is_free(port: int) -> bool:
-    with socket.socket() as probe:
+def is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
         try:
-            probe.bind(("127.0.0.1", port))
+            probe.bind((host, port))
         except OSError:
             return False
         return True
 
 
-def free_listening_port(offsets: Iterable[int] = (0,), taken: set[int] | None = None) -> int:
-    """A port P, below the ephemeral range, with P + each offset free (and not in `taken`, which gets them).
+def free_listening_port(offsets: Iterable[int] = (0,), taken: set[int] | None = None, host: str = "127.0.0.1") -> int:
+    """A port P, below the ephemeral range, with P + each offset free on HOST (and not in `taken`, which gets them).
 
     `offsets` serves servers that listen on several ports at fixed distances (SeaweedFS: its gRPC port is
     its HTTP port + 10000).
@@ -54,7 +57,11 @@ def free_listening_port(offsets: Iterable[int] = (0,), taken: set[int] | None = 
     for _ in range(1000):
         port = random.randint(lowest, highest)
         ports = {port + offset for offset in offsets}
-        if not ports & taken and all(is_free(p) for p in ports):
+        if not ports & taken and all(is_free(p, host) for p in ports):
             taken |= ports
             return port
     raise RuntimeError(f"no free ports between {lowest} and {low}; too many servers listen there")
+
+
+if __name__ == "__main__":
+    print(free_listening_port(host=sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1"))

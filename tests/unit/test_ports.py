@@ -1,6 +1,8 @@
 """Ports for servers that are restarted on their port: below the kernel's ephemeral range, all offsets free."""
 
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -34,3 +36,15 @@ def test_no_room_below_the_ephemeral_range_names_the_setting(tmp_path, monkeypat
     assert ports.ephemeral_range() == (2000, 60999)
     with pytest.raises(RuntimeError, match="ip_local_port_range"):
         ports.free_listening_port((0, 10000))
+
+
+def test_the_module_prints_a_port_free_on_the_address_it_is_given():
+    """What a Slurm job's batch script runs on its first node to choose the rendezvous port (launch/slurm.py)."""
+    printed = subprocess.run([sys.executable, "-m", "training_platform.ports", "127.0.0.1"], capture_output=True,
+                             text=True, timeout=60, check=True).stdout
+    port = int(printed)
+    assert 1024 <= port < ports.ephemeral_range()[0] and ports.is_free(port, "127.0.0.1")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        assert not ports.is_free(port, "127.0.0.1")

@@ -74,9 +74,6 @@ class SlurmConfig(BaseModel):
         description="Slurm GRES type per resources.gpu_type (e.g. H100 -> h100); default: lowercase name",
     )
     cpus_per_proc: int = Field(1, ge=1, description="CPUs reserved per worker process")
-    rdzv_base_port: int = Field(
-        29500, ge=1024, le=64000, description="rendezvous port = base + job id % 1000 (jobs may share a node)"
-    )
     python: str = Field(default_factory=python_executable, description="python that runs torchrun on nodes")
     worker_module: str = Field("training_platform.train", description="module torchrun starts on each rank")
     slurm_conf: str | None = Field(None, description="SLURM_CONF for the client commands; default: theirs")
@@ -411,9 +408,12 @@ def render_sbatch(
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
         "# The rendezvous is served on the first node's address alone (rendezvous.py): where slurmctld reaches it.",
         'head_addr=$(scontrol show node "$head_node" | grep -o "NodeAddr=[^ ]*" | head -n1 | cut -d= -f2)',
-        'head_addr=${head_addr:-$head_node}; if [[ $head_addr == *:* ]]; then head_addr="[$head_addr]"; fi',
-        "# Jobs can share a node (a spot job in its grace time and the job preempting it).",
-        f"rdzv_port=$(({config.rdzv_base_port} + SLURM_JOB_ID % 1000))",
+        'head_addr=${head_addr:-$head_node}',
+        "# A port free on that address now, below the ephemeral range (ports.py), chosen anew by each attempt: jobs",
+        "# share nodes (a spot job in its grace time and the job preempting it), and a port derived from the job id",
+        "# was once taken by another server there (Address already in use).",
+        f'rdzv_port=$({shlex.quote(config.python)} -m training_platform.ports "$head_addr") || exit 1',
+        'if [[ $head_addr == *:* ]]; then head_addr="[$head_addr]"; fi',
         'echo "tp: job $SLURM_JOB_ID attempt $((${SLURM_RESTART_COUNT:-0} + 1)) on $SLURM_JOB_NODELIST,'
         ' rendezvous $head_node at $head_addr:$rdzv_port"',
         f"rm -f {PREEMPTED_MARKER}  # left by an earlier attempt; this one writes its own",

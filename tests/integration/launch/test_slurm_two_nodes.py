@@ -82,17 +82,25 @@ def _submit_until_first_checkpoint(slurm: SlurmLauncher, request: RunRequest, de
     return handle
 
 
+def _rendezvous_port(request: RunRequest) -> str | None:
+    log = "".join(path.read_text() for path in request.run_dir.glob("slurm-*.out"))
+    found = re.search(r"rendezvous tp-node0 at \S+:(\d+)", log)
+    return found.group(1) if found else None
+
+
 def test_a_two_node_slurm_run_ends_with_the_weights_of_one_node(home, two_nodes, one_node):
     slurm = SlurmLauncher(SlurmConfig(slurm_conf=two_nodes.slurm_conf))
     request = _request(home, "two-nodes", nodes=2, partition="nodes")
     request.write_spec()
     handle = slurm.submit(slurm.plan(request))
-    port = SlurmConfig().rdzv_base_port + int(handle.job_id) % 1000
+    port = None  # the batch script chooses it on the first node and names it in the job's log
     listening: set[str] = set()  # where the rendezvous port is served, in the first node's namespace
     while not slurm.status(handle).state.finished:
-        shown = subprocess.run(["nsenter", "--net=/run/netns/tp-node0", "ss", "-ltnH", f"sport = :{port}"],
-                               capture_output=True, text=True, timeout=30)
-        listening |= {line.split()[3] for line in shown.stdout.splitlines() if line.strip()}
+        port = port or _rendezvous_port(request)
+        if port:
+            shown = subprocess.run(["nsenter", "--net=/run/netns/tp-node0", "ss", "-ltnH", f"sport = :{port}"],
+                                   capture_output=True, text=True, timeout=30)
+            listening |= {line.split()[3] for line in shown.stdout.splitlines() if line.strip()}
         time.sleep(0.1)
     result = _finish(slurm, handle, request)
     assert result["world_size"] == 2 and result["final_step"] == STEPS
