@@ -173,8 +173,5 @@ def test_a_lost_node_is_reported_and_the_run_resumes_when_it_is_back(home, two_n
             slurm.cancel(handle)
     log = slurm.logs(handle)
     assert "Node failure on tp-node1" in log and "attempt 2 on tp-node[0-1]" in log, log[-3000:]
-    # The lost attempt's shell forwarded nothing: its scancel, retrying while the job requeued, once outlived the
-    # shell and signalled the next attempt's ranks.
-    assert "tp: SIGTERM as Slurm ends the job" in log and "SIGTERM (preempted)" not in log, log[-3000:]
     assert "resumed from checkpoint" in log, log[-3000:]
     assert resumed["final_weights_sha256"] == one_node["final_weights_sha256"]

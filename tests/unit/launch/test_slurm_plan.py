@@ -296,3 +296,31 @@ def test_a_requeued_job_moves_to_the_on_demand_partition(tmp_path, monkeypatch):
 
     assert calls.read_text().strip() == "update JobId=11 Partition=ondemand"
     assert done == "Slurm job 11 moved to partition ondemand"
+
+
+@pytest.mark.parametrize(("state", "forwarded"), [("RUNNING", True), ("SIGNALING", True), ("COMPLETING", False),
+                                                   ("CANCELLED", False), ("NODE_FAIL", False)])
+def test_the_batch_shell_forwards_a_sigterm_unless_slurm_is_ending_the_job(tmp_path, state, forwarded):
+    """The time limit's signal reaches the shell while the job reads RUNNING or SIGNALING: forwarded to the tasks
+    (their emergency checkpoint). While Slurm ends the job (scancel, a failed node) it signals the tasks itself, and
+    a forward only held the requeue until KillWait ended the shell."""
+    script = _script(tmp_path, resources={"nodes": 1, "procs_per_node": 1})
+    lines = script.splitlines()
+    start = lines.index("on_term() {")
+    on_term = "\n".join(lines[start : lines.index("}", start) + 1])
+    calls = tmp_path / "scancel-calls"
+    probe = "\n".join([
+        f'job_field() {{ [[ $1 == JobState ]] && echo {state}; }}',
+        f'timeout() {{ shift; echo "$*" >> {calls}; }}',
+        "stop_cause=''",
+        on_term,
+        "on_term",
+        'echo "stop_cause=$stop_cause"',
+    ])
+    shown = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30, check=True).stdout
+    if forwarded:
+        assert calls.read_text() == "scancel --signal=TERM \n"  # SLURM_JOB_ID is not set here
+        assert "stopping workers for an emergency checkpoint" in shown
+    else:
+        assert not calls.exists() and f"tp: SIGTERM as Slurm ends the job ({state})" in shown
+        assert "stop_cause=\n" in shown
