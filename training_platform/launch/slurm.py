@@ -52,8 +52,8 @@ log = logging.getLogger(__name__)
 PREEMPTION_MARGIN_S = 30
 # Slurm sends the time limit's signal up to a minute before --signal asks (its event resolution).
 TIME_LIMIT_SLACK_S = 90
-# The batch script's forward of a SIGTERM to the tasks gives up after this: scancel retries a job in transition for
-# about a minute and a half, and one that outlived its attempt's shell signalled the next attempt's ranks.
+# The batch script's forward of a SIGTERM to the tasks gives up after this: scancel retries a job in transition
+# ("Job can not be altered now") every 5-8 s, and the trap must not hold the shell in those retries.
 FORWARD_TERM_TIMEOUT_S = 10
 ROOM_POLL_S = 0.5
 

@@ -11,7 +11,7 @@ Such a job waits out Slurm's requeue hold (about two minutes), unlike one whose 
 preemption. Started sooner, 4 of 12 new attempts here went wrong on the returned node (Slurm 22.05): once its
 ranks got SIGTERM (the lost attempt's kill, which slurmctld delivers to the node once it answers, about 50 s
 after marking it down; the new attempt has the same job id), three times srun waited for ever on "Requested
-nodes are busy". A hold shorter than that minute (`cred_expire`) brings the first back every time.
+nodes are busy". A hold shorter than that minute (`cred_expire`) brings the first back (seen with 30 s).
 """
 
 from __future__ import annotations
