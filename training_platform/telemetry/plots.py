@@ -18,11 +18,14 @@ import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 from training_platform.telemetry.samplers import SystemSample  # noqa: E402
 
 DPI = 80  # small PNGs: they travel inside Dagster metadata
+# Fixed margins that fit these figures' labels, instead of tight_layout(), which draws each figure once more to
+# measure them: a run's three plots took 0.42 s of CPU with it, 0.27 s without.
+MARGINS = {"left": 0.08, "right": 0.98, "bottom": 0.16, "top": 0.9, "wspace": 0.2}
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path: Path, **margins: float) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    fig.subplots_adjust(**MARGINS | margins)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
@@ -75,7 +78,7 @@ def cost_over_time(points: list[tuple[float, float]], path: Path) -> Path:
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("USD")
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return _save(fig, path, left=0.11)  # room for the label beside ticks such as 0.0004
 
 
 def markdown_image(path: Path, alt: str) -> str:
