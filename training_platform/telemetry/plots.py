@@ -19,7 +19,7 @@ from training_platform.telemetry.samplers import SystemSample  # noqa: E402
 
 DPI = 80  # small PNGs: they travel inside Dagster metadata
 # Fixed margins that fit these figures' labels, instead of tight_layout(), which draws each figure once more to
-# measure them: a run's three plots took 0.42 s of CPU with it, 0.27 s without.
+# measure them: a run's three plots took 0.42 s of CPU with it, 0.30 s with these.
 MARGINS = {"left": 0.08, "right": 0.98, "bottom": 0.16, "top": 0.9, "wspace": 0.2}
 
 
