@@ -17,9 +17,10 @@ $(BIN)/tp: pyproject.toml constraints.txt
 	test -x $(BIN)/pip || $(PYTHON) -m venv --clear $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The pinned set goes in as two halves at once: pip installs one wheel at a time, and writing their files is
-	# most of its work (one core busy for 42 s here; the venv in all: 46.6 s -> 31.7 s). The project's own install then finds every pin in place,
-	# and installs whatever the pins lack. --no-compile: Python compiles what is imported on first use; compiling
-	# every installed module up front took 48 of the install's 82 s here (most of it code the platform never imports).
+	# most of its work (one core busy for 42 s here; the venv in all: 46.6 s -> 31.7 s). The project's own install
+	# then finds every pin in place, and installs whatever the pins lack. --no-compile: Python compiles what is
+	# imported on first use; compiling every installed module up front took 48 of the install's 82 s here (most of
+	# it code the platform never imports).
 	awk '/^[A-Za-z0-9]/ { print > ("$(VENV)/pins-" (n++ % 2 + 1) ".txt") }' constraints.txt
 	$(BIN)/pip install --quiet --no-compile --no-deps -r $(VENV)/pins-1.txt & first=$$!; \
 		$(BIN)/pip install --quiet --no-compile --no-deps -r $(VENV)/pins-2.txt; second=$$?; \
