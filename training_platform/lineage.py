@@ -46,11 +46,14 @@ def environment_lock() -> list[str]:
 
 
 def _import_path_stamps() -> tuple[tuple[str, int], ...]:
-    """Each import directory with its modification time: installing or removing a distribution changes it."""
+    """Each import directory, as an absolute path, with its modification time: installing or removing a distribution
+    changes it. Absolute, because a process may name one directory two ways: the code server's fork server reads the
+    lock for its runs with the working directory as "" on its path, and each run, its fork, has it by name."""
     stamps = []
     for entry in sys.path:
+        directory = os.path.abspath(entry or os.curdir)
         try:
-            stamps.append((entry, os.stat(entry or ".").st_mtime_ns))
+            stamps.append((directory, os.stat(directory).st_mtime_ns))
         except OSError:
             continue
     return tuple(stamps)

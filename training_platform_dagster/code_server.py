@@ -53,6 +53,10 @@ MLflow's SQLAlchemy store (0.45 s), and MLflow's git lookup imported GitPython. 
 no torch operation, so each run's process starts torch's thread pools itself."""
 
 
+WARM_CACHES = "training_platform_dagster.warm_caches"
+"""Imported after the modules: fills what every run's process would fill anew (its docstring)."""
+
+
 def _location_module(argv: list[str]) -> str | None:
     for flag in ("-m", "--module-name"):
         if flag in argv[:-1]:
@@ -84,7 +88,7 @@ def use_warm_processes(location_module: str | None, dagster_home: str | None) ->
 
     context = multiprocessing.get_context("forkserver")
     location = [location_module] if location_module else []
-    preload = WARM_MODULES + instance_modules(dagster_home) + location + STEP_MODULES + [HEAP_FREEZE]
+    preload = WARM_MODULES + instance_modules(dagster_home) + location + STEP_MODULES + [WARM_CACHES, HEAP_FREEZE]
     context.set_forkserver_preload(list(dict.fromkeys(preload)))
     original_init = grpc_server.DagsterApiServer.__init__
 

@@ -56,12 +56,43 @@ def test_the_fork_server_freezes_its_heap_after_all_it_preloads(monkeypatch):
     from dagster._grpc import server as grpc_server
 
     from training_platform.launch.standby import HEAP_FREEZE
-    from training_platform_dagster.code_server import use_warm_processes
+    from training_platform_dagster.code_server import WARM_CACHES, use_warm_processes
 
     # Both restored after the test: the server class it patches, the preload of this process's fork server.
     monkeypatch.setattr(grpc_server.DagsterApiServer, "__init__", grpc_server.DagsterApiServer.__init__)
     monkeypatch.setattr(forkserver._forkserver, "_preload_modules", forkserver._forkserver._preload_modules)
     use_warm_processes("definitions", None)
     preload = forkserver._forkserver._preload_modules
-    assert preload[-1] == HEAP_FREEZE
+    assert preload[-2:] == [WARM_CACHES, HEAP_FREEZE]  # the caches filled by what the modules before them load
     assert {"dagster", "definitions", "torch", "mlflow.pytorch", "great_expectations"} <= set(preload)
+
+
+WARM_CACHES_READ = """
+import sys
+from importlib import metadata
+
+import importlib_metadata
+
+import training_platform_dagster.warm_caches
+from mlflow.utils import requirements_utils
+from training_platform.lineage import environment_lock
+
+# What a run's process, a fork of the fork server, would read again: nothing.
+reads = []
+metadata.distributions = lambda: reads.append("environment") or []
+importlib_metadata.packages_distributions = lambda: reads.append("packages") or {}
+sys.path[0] = sys.path[0] or "."  # the working directory by another name, as a run's process has it
+environment_lock()
+requirements_utils._init_packages_to_modules_map()
+print(reads)
+"""
+
+
+def test_the_fork_servers_warm_caches_leave_a_run_nothing_to_read_again():
+    """Its runs are forks: what the fork server read (the environment's lock, MLflow's package map) they keep."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", WARM_CACHES_READ], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
