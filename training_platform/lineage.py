@@ -51,7 +51,7 @@ def _import_path_stamps() -> tuple[tuple[str, int], ...]:
     lock for its runs with the working directory as "" on its path, and each run, its fork, has it by name."""
     stamps = []
     for entry in sys.path:
-        directory = os.path.abspath(entry or os.curdir)
+        directory = os.path.abspath(entry)  # "" is the working directory
         try:
             stamps.append((directory, os.stat(directory).st_mtime_ns))
         except OSError:

@@ -32,14 +32,16 @@ from training_platform.launch.standby import HEAP_FREEZE, SHARED_OWNER_ENV
 
 WARM_STARTS_ENV = "TP_WARM_STARTS"
 
-WARM_MODULES = ["dagster", "dagster._grpc.impl", "dagster._core.execution.api"]
-"""Imported by the fork server before any run; the code location's module is added from the command line."""
+WARM_MODULES = ["dagster", "dagster._grpc.impl", "dagster._core.execution.api", "upath.core"]
+"""Imported by the fork server before any run; the code location's module is added from the command line. Dagster
+imports universal-pathlib (`upath.core`) only as a run's process opens its instance."""
 
 STEP_MODULES = [
     "torch",
     "torch.export._trace",
     "mlflow",
     "mlflow.pytorch",
+    "mlflow.pyfunc",
     "mlflow.store.tracking.sqlalchemy_store",
     "git",
     "great_expectations",
@@ -49,8 +51,9 @@ STEP_MODULES = [
 them, the registry step spent 6-8 s of each run importing `mlflow.pytorch` (torch, MLflow, torch.export), and the
 snapshot step 3.3 s importing Great Expectations. Then, of each registering run (py-spy, two runs of the example):
 `log_model` imported `torch.export`'s tracer (0.55 s), opening the embedded default's SQLite tracking store imported
-MLflow's SQLAlchemy store (0.45 s), and MLflow's git lookup imported GitPython. Only imported: the fork server runs
-no torch operation, so each run's process starts torch's thread pools itself."""
+MLflow's SQLAlchemy store (0.45 s), and MLflow's git lookup imported GitPython; inferring the model's signature
+imported `mlflow.pyfunc` and the tracing it loads (0.3 s, with Dagster's universal-pathlib). Only imported: the fork
+server runs no torch operation, so each run's process starts torch's thread pools itself."""
 
 
 WARM_CACHES = "training_platform_dagster.warm_caches"

@@ -3,15 +3,12 @@ process would otherwise fill anew, so that each run, a fork, starts with them.
 
 What each registering run spent on them (py-spy of a warm server's run process, the digits example, 200 Hz):
 MLflow's map of installed packages, read to check a model's requirements (`log_model`): 0.5 s; the environment's
-lock, part of each run's lineage key: 0.4 s; the modules `log_model` imports to infer the model's signature
-(`mlflow.pyfunc` and the tracing it loads) and Dagster's import of universal-pathlib as it opens the instance:
-0.3 s. Only reads: no thread, no file or connection left open that the forks would share.
+lock, part of each run's lineage key: 0.4 s. Only reads: no thread, no file or connection left open that the forks
+would share.
 """
 
 from __future__ import annotations
 
-import mlflow.pyfunc  # noqa: F401
-import upath.core  # noqa: F401
 from mlflow.utils import requirements_utils
 
 from training_platform.lineage import environment_lock

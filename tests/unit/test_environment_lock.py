@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from importlib import metadata
 
 from training_platform.lineage import environment_lock
@@ -52,6 +53,6 @@ def test_a_directory_named_as_the_working_directory_or_by_its_path_is_read_once(
 
     first = environment_lock()
     assert "tp_lock_probe==1.0" in first
-    monkeypatch.setattr("sys.path", [str(site) if entry == "" else entry for entry in __import__("sys").path])
+    monkeypatch.setattr(sys, "path", [str(site) if entry == "" else entry for entry in sys.path])
     assert environment_lock() == first
     assert len(reads) == 1
