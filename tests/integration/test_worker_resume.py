@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.worker import job_pid, launch, train, wait, wait_for_step, wait_until
+from tests.integration.server.runs import paced_entrypoint
 from training_platform.checkpoints import CheckpointManifest, CheckpointStore, open_store
 from training_platform.checkpoints.interval import FIRST_AUTO_STEPS
 from training_platform.checkpoints.layout import pack_key
@@ -43,7 +44,7 @@ def home(tmp_path_factory) -> Path:
     return root
 
 
-def _spec(home: Path, **training):
+def _spec(home: Path, entrypoint: dict | None = None, **training):
     snapshot = next((home / "snapshots").glob("*.json")).stem
     return parse_spec(
         {
@@ -54,6 +55,7 @@ def _spec(home: Path, **training):
             "training": {"max_steps": 60, "batch_size": 16, "eval_every": 20, "log_every": 5, **training},
             "checkpoint": {"every_steps": 20, "keep_last": 5, "store_uri": str(home / "checkpoints")},
         }
+        | ({"entrypoint": entrypoint} if entrypoint else {})
     )
 
 
@@ -175,9 +177,14 @@ def test_five_sigterms_at_random_steps_lose_nothing_and_resume_exactly(home, uni
     assert [i.lost_steps for i in interruptions] == [0] * 5
 
 
-def test_a_spot_runs_requeues_start_from_its_warm_standby_and_resume_exactly(home, cold_launches):
+def test_a_spot_runs_requeues_start_from_its_warm_standby_and_resume_exactly(home, cold_launches, tmp_path):
     """Spot runs keep a warm standby (launch/standby.py): once it is loaded, requeues are forked by it."""
-    spec = _spec(home, max_steps=2500).model_copy(
+    # Paced by the clock (20 ms a step) while the pace file exists: attempt 2 outlasts the standby's load however
+    # busy the machine, at little CPU. Once both attempts are stopped the file goes, and the resume and the
+    # reference run at full speed (the pace changes no weight).
+    pace = tmp_path / "paced"
+    pace.touch()
+    spec = _spec(home, paced_entrypoint(pace, step_seconds=0.02), max_steps=2500).model_copy(
         update={
             "resources": _spec(home).resources.model_copy(update={"spot": True}),
             "checkpoint": _spec(home).checkpoint.model_copy(update={"every_steps": 500}),
@@ -196,6 +203,7 @@ def test_a_spot_runs_requeues_start_from_its_warm_standby_and_resume_exactly(hom
         os.killpg(job_pid(handle), signal.SIGTERM)
         assert wait(launcher, handle).state == JobState.PREEMPTED, (run_dir / LOG_FILE).read_text()[-3000:]
         preempted = [e["step"] for e in RunEvents(run_dir).read() if e["kind"] == "preempted"][-1]
+    pace.unlink()
     resumed = train(home, "spot", spec, launcher)
     assert standby_log.read_text().count("forked agent") == 1  # the third attempt
     straight = train(home, "spot-straight", spec.model_copy(update={"resources": _spec(home).resources}))

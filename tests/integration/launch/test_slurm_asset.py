@@ -12,6 +12,7 @@ from assets import ALL_ASSETS
 from definitions import defs
 from sensors.preemption import preemption_sensor
 from tests.fixtures.worker import wait_until
+from tests.integration.server.runs import paced_entrypoint
 from training_platform.datasets import build_snapshot
 from training_platform.paths import PlatformHome
 from training_platform.runlog import RunEvents
@@ -71,9 +72,13 @@ def _released_each_requeue(instance, run_id: str, events: RunEvents) -> None:
         )
 
 
-def test_training_run_on_slurm_survives_two_preemptions_and_matches_local(instance, slurm_cluster):
+def test_training_run_on_slurm_survives_two_preemptions_and_matches_local(instance, slurm_cluster, tmp_path):
     home = PlatformHome.from_env().ensure()
     snapshot = build_snapshot("sklearn_digits", home.snapshots).snapshot_id
+    # Paced by the clock (20 ms a step) while the pace file exists: the Slurm run lasts through both preemptions
+    # however busy the machine, at little CPU; the local reference, and the Slurm run once both preemptions are
+    # seen, train at full speed (the pace changes no weight).
+    pace = tmp_path / "paced"
     spec = parse_spec(
         {
             "name": "spot-slurm",
@@ -84,6 +89,7 @@ def test_training_run_on_slurm_survives_two_preemptions_and_matches_local(instan
             "training": {"max_steps": 3000, "batch_size": 16, "eval_every": 500, "log_every": 20},
             "checkpoint": {"every_steps": 500, "keep_last": 10, "grace_period_seconds": 20},
             "preemption": {"fallback_to_ondemand_after": 2},
+            "entrypoint": paced_entrypoint(pace, step_seconds=0.02),
         }
     )
     for run_id in ("on-local", "on-slurm"):
@@ -91,6 +97,7 @@ def test_training_run_on_slurm_survives_two_preemptions_and_matches_local(instan
     instance.add_dynamic_partitions("training_runs", ["on-local", "on-slurm"])
     assert _materialize(instance, "on-local", "local").success
     expected = read_result(home, "on-local")["final_weights_sha256"]
+    pace.touch()
 
     box = {}
     worker = threading.Thread(target=lambda: box.update(result=_materialize(instance, "on-slurm", "slurm")))
@@ -99,6 +106,7 @@ def test_training_run_on_slurm_survives_two_preemptions_and_matches_local(instan
     wait_until(lambda: _count(events, "first_step") >= 1, SLURM_WAIT_SECONDS, "the Slurm job to start training")
     for number in (1, 2):
         _preempt(slurm_cluster, events, number)
+    pace.unlink()
     worker.join(timeout=600)
     # After the second preemption (preemption.fallback_to_ondemand_after), the requeued job moved to on-demand.
     (moved,) = [e for e in events.read() if e["kind"] == "moved_to_on_demand"]

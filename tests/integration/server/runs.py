@@ -15,9 +15,10 @@ PACED_SCRIPT = ROOT / "tests" / "fixtures" / "paced_train.py"
 """A script whose steps take wall time, not CPU (its docstring): for a run that must last while a test acts on it."""
 
 
-def paced_entrypoint(pace: Path) -> dict:
-    """A spec's entrypoint of PACED_SCRIPT at 5 ms a step while `pace` exists, at full speed once it is gone."""
-    return {"script": str(PACED_SCRIPT), "args": ["--step-seconds", "0.005", "--pace-file", str(pace)]}
+def paced_entrypoint(pace: Path, step_seconds: float = 0.005) -> dict:
+    """A spec's entrypoint of PACED_SCRIPT at STEP_SECONDS a step while `pace` exists, at full speed once it is
+    gone."""
+    return {"script": str(PACED_SCRIPT), "args": ["--step-seconds", str(step_seconds), "--pace-file", str(pace)]}
 
 
 def write_spec(directory: Path, name: str, team: str = "ml-platform", **changes) -> Path:
