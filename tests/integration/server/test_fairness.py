@@ -1,12 +1,12 @@
 """Three teams share one platform server: the shipped queue's per-team limit and fairness, with real training.
 
-Each team submits four runs (1 process, 100 steps), all at once and team after team (team-a's four first: the order
-in which a plain FIFO queue would let team-a take every slot), against one server with deploy/dagster/dagster.yaml
-(at most 2 runs in progress per team, 6 in all): the test worker's shared server (tests/fixtures/platform.py), whose
-other modules' runs have ended when this one starts; only the three teams' runs are counted. Each run trains a
-user's script whose steps take wall time, not CPU (tests/fixtures/paced_train.py, 20 ms a step): what the queue
-shares is slots over time, and a run that holds its slot for its steps leaves the two cores to the server under
-test. A script's run has no evaluation or registry step (the pipeline's tests have those).
+Each team submits three runs (1 process, 100 steps), all at once and team after team (team-a's three first: the
+order in which a plain FIFO queue would let team-a take more than its limit), against one server with
+deploy/dagster/dagster.yaml (at most 2 runs in progress per team, 6 in all): the test worker's shared server
+(tests/fixtures/platform.py), whose other modules' runs have ended when this one starts; only the three teams' runs
+are counted. Each run trains a user's script whose steps take wall time, not CPU (tests/fixtures/paced_train.py, 20
+ms a step): what the queue shares is slots over time, and a run that holds its slot for its steps leaves the two
+cores to the server under test. A script's run has no evaluation or registry step (the pipeline's tests have those).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from training_platform.spec import load_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 TEAMS = ("team-a", "team-b", "team-c")
-RUNS_PER_TEAM = 4
+RUNS_PER_TEAM = 3  # one more than a team's limit: each team has a run waiting while two of its own run
 IN_PROGRESS = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
 THE_TEAMS_RUNS = dg.RunsFilter(job_name="training_pipeline", tags={"team": list(TEAMS)})
 
