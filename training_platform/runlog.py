@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,22 @@ EVENTS_FILE = "events.jsonl"
 MOVED_TO_ON_DEMAND = "moved_to_on_demand"  # a requeued spot job moved to on-demand (requeue.py); priced so after
 NODE_FAILURE = "node_failure"  # a node of the job stopped answering: this attempt's ranks there are lost
 TIME_LIMIT = "time_limit"  # the scheduler's wall time limit stopped this attempt (the batch script writes it)
+# How many logs a process keeps parsed (read()): a sensor's tick or a test's wait reads the same few again and again.
+PARSED_LOGS = 64
+# A log's first bytes, kept with what was parsed of it: a log written anew at the same path starts otherwise (the
+# first event's time), so its parse is not mistaken for the old one's.
+HEAD_BYTES = 64
+
+
+@dataclass
+class _Parsed:
+    head: bytes
+    offset: int
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+_parsed: OrderedDict[str, _Parsed] = OrderedDict()
+_parsed_lock = threading.Lock()
 
 
 class RunEvents:
@@ -32,7 +51,27 @@ class RunEvents:
             os.close(fd)
 
     def read(self) -> list[dict[str, Any]]:
-        return self.read_from(0)[0]
+        """Every whole event so far. The log is only appended to, so what this process parsed of it before is kept
+        (the PARSED_LOGS newest logs read): a reader that polls a run's log parses only what was added since it
+        last looked, not the whole log each time (a long run's log has thousands of lines)."""
+        key = str(self.path)
+        try:
+            with open(self.path, "rb") as handle:
+                head, size = handle.read(HEAD_BYTES), os.fstat(handle.fileno()).st_size
+        except FileNotFoundError:
+            return []
+        with _parsed_lock:
+            parsed = _parsed.pop(key, None)
+        if parsed is None or head[: len(parsed.head)] != parsed.head or size < parsed.offset:
+            parsed = _Parsed(head=head, offset=0)  # first read, or a log written anew
+        added, parsed.offset = self.read_from(parsed.offset)
+        parsed.events = parsed.events + added  # a new list: a caller may still hold the one returned before
+        parsed.head = head
+        with _parsed_lock:
+            _parsed[key] = parsed
+            while len(_parsed) > PARSED_LOGS:
+                _parsed.popitem(last=False)
+        return [dict(event) for event in parsed.events]  # a caller may change what it was given
 
     def last_kind(self, tail_bytes: int = 4096) -> str | None:
         """The kind of the newest whole event, from the log's tail alone (launchers ask on every poll)."""
