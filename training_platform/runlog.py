@@ -65,7 +65,7 @@ class RunEvents:
         if parsed is None or head[: len(parsed.head)] != parsed.head or size < parsed.offset:
             parsed = _Parsed(head=head, offset=0)  # first read, or a log written anew
         added, parsed.offset = self.read_from(parsed.offset)
-        parsed.events = parsed.events + added  # a new list: a caller may still hold the one returned before
+        parsed.events.extend(added)
         parsed.head = head
         with _parsed_lock:
             _parsed[key] = parsed
