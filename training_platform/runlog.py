@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 EVENTS_FILE = "events.jsonl"
 MOVED_TO_ON_DEMAND = "moved_to_on_demand"  # a requeued spot job moved to on-demand (requeue.py); priced so after
@@ -56,15 +56,16 @@ class RunEvents:
         last looked, not the whole log each time (a long run's log has thousands of lines)."""
         key = str(self.path)
         try:
-            with open(self.path, "rb") as handle:
-                head, size = handle.read(HEAD_BYTES), os.fstat(handle.fileno()).st_size
+            handle = open(self.path, "rb")  # noqa: SIM115 - closed below, after the parse
         except FileNotFoundError:
             return []
-        with _parsed_lock:
-            parsed = _parsed.pop(key, None)
-        if parsed is None or head[: len(parsed.head)] != parsed.head or size < parsed.offset:
-            parsed = _Parsed(head=head, offset=0)  # first read, or a log written anew
-        added, parsed.offset = self.read_from(parsed.offset)
+        with handle:
+            head, size = handle.read(HEAD_BYTES), os.fstat(handle.fileno()).st_size
+            with _parsed_lock:
+                parsed = _parsed.pop(key, None)
+            if parsed is None or head[: len(parsed.head)] != parsed.head or size < parsed.offset:
+                parsed = _Parsed(head=head, offset=0)  # first read, or a log written anew
+            added, parsed.offset = _parse_from(handle, parsed.offset)
         parsed.events.extend(added)
         parsed.head = head
         with _parsed_lock:
@@ -95,15 +96,20 @@ class RunEvents:
         if not self.path.is_file():
             return [], offset
         with open(self.path, "rb") as handle:
-            handle.seek(offset)
-            lines = handle.read().splitlines(keepends=True)
-        events = []
-        for line in lines:
-            if not line.endswith(b"\n"):
-                break
-            offset += len(line)
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line torn by a kill mid-write carries no information
-        return events, offset
+            return _parse_from(handle, offset)
+
+
+def _parse_from(handle: BinaryIO, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """RunEvents.read_from on an open log."""
+    handle.seek(offset)
+    lines = handle.read().splitlines(keepends=True)
+    events = []
+    for line in lines:
+        if not line.endswith(b"\n"):
+            break
+        offset += len(line)
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line torn by a kill mid-write carries no information
+    return events, offset

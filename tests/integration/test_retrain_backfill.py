@@ -7,7 +7,6 @@ model's name, the daily source's snapshots, the backfills it started)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import dagster as dg
 import pyarrow.parquet as pq
@@ -15,12 +14,11 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.fixtures.platform import Platform, server_logs
+from tests.fixtures.platform import ROOT, Platform, server_logs
 from tests.fixtures.worker import wait_until
 from training_platform.datasets.daily import default_landing
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_backfill_of_three_days_builds_three_models_with_distinct_lineage(platform, tmp_path):

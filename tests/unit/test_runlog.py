@@ -44,8 +44,8 @@ def test_a_polling_reader_parses_only_what_was_added(tmp_path, monkeypatch):
     events.append("started")
     events.append("progress", step=5)
     asked = []
-    read_from = RunEvents.read_from
-    monkeypatch.setattr(RunEvents, "read_from", lambda self, offset: asked.append(offset) or read_from(self, offset))
+    parse_from = runlog._parse_from
+    monkeypatch.setattr(runlog, "_parse_from", lambda file, offset: asked.append(offset) or parse_from(file, offset))
     assert [e["kind"] for e in events.read()] == ["started", "progress"]
     end = events.path.stat().st_size
     events.append("progress", step=10)
