@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from training_platform.lineage import LineageKey
@@ -31,6 +33,24 @@ REQUIRED_TAGS = (
 
 
 _INITIALIZED: set[str] = set()
+# mlflow.pytorch imports its Lightning autologging callback as it loads, whenever Lightning is installed (the
+# platform's `lightning` extra): pytorch_lightning, torchmetrics and transformers, 3.2 s of a core in each process
+# that registers a model, for a callback the platform never uses. `mlflow.pytorch.autolog()` still imports it.
+_LIGHTNING_AUTOLOG = "mlflow.pytorch._lightning_autolog"
+
+
+def mlflow_pytorch() -> ModuleType:
+    """mlflow.pytorch for the platform's own processes, loaded without its Lightning callback (above); not for a
+    process that runs a user's code, which may use that callback."""
+    if "mlflow.pytorch" not in sys.modules and _LIGHTNING_AUTOLOG not in sys.modules:
+        sys.modules[_LIGHTNING_AUTOLOG] = None  # type: ignore[assignment]  # its import fails; mlflow.pytorch goes on
+        try:
+            import mlflow.pytorch
+        finally:
+            del sys.modules[_LIGHTNING_AUTOLOG]
+    import mlflow.pytorch
+
+    return mlflow.pytorch
 
 
 def _client(tracking_uri: str):
@@ -239,11 +259,10 @@ def register_model(
     """Log the model into its training run and register a version with lineage tags; the alias moves through
     `promote`."""
     import mlflow
-    import mlflow.pytorch
 
     mlflow.set_tracking_uri(tracking_uri)
     with mlflow.start_run(run_id=mlflow_run_id):
-        info = mlflow.pytorch.log_model(
+        info = mlflow_pytorch().log_model(
             model, name="model", input_example=input_example, pip_requirements=model_requirements()
         )
     return register_logged_model(tracking_uri, info.model_uri, model_name, tags)

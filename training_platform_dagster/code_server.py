@@ -40,7 +40,6 @@ STEP_MODULES = [
     "torch",
     "torch.export._trace",
     "mlflow",
-    "mlflow.pytorch",
     "mlflow.pyfunc",
     "mlflow.store.tracking.sqlalchemy_store",
     "git",
@@ -53,7 +52,8 @@ snapshot step 3.3 s importing Great Expectations. Then, of each registering run 
 `log_model` imported `torch.export`'s tracer (0.55 s), opening the embedded default's SQLite tracking store imported
 MLflow's SQLAlchemy store (0.45 s), and MLflow's git lookup imported GitPython; inferring the model's signature
 imported `mlflow.pyfunc` and the tracing it loads (0.3 s, with Dagster's universal-pathlib). Only imported: the fork
-server runs no torch operation, so each run's process starts torch's thread pools itself."""
+server runs no torch operation, so each run's process starts torch's thread pools itself. `mlflow.pytorch` is not
+among them: WARM_CACHES imports it as the registry step does (tracking.mlflow_pytorch, without Lightning)."""
 
 
 WARM_CACHES = "training_platform_dagster.warm_caches"

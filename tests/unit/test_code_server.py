@@ -64,7 +64,7 @@ def test_the_fork_server_freezes_its_heap_after_all_it_preloads(monkeypatch):
     use_warm_processes("definitions", None)
     preload = forkserver._forkserver._preload_modules
     assert preload[-2:] == [WARM_CACHES, HEAP_FREEZE]  # the caches filled by what the modules before them load
-    assert {"dagster", "definitions", "torch", "mlflow.pytorch", "great_expectations"} <= set(preload)
+    assert {"dagster", "definitions", "torch", "mlflow", "great_expectations"} <= set(preload)
 
 
 WARM_CACHES_READ = """
@@ -84,6 +84,8 @@ importlib_metadata.packages_distributions = lambda: reads.append("packages") or 
 sys.path[0] = sys.path[0] or "."  # the working directory by another name, as a run's process has it
 environment_lock()
 requirements_utils._init_packages_to_modules_map()
+# The registry step's mlflow.pytorch is loaded, without Lightning (tracking.mlflow_pytorch).
+print("mlflow.pytorch" in sys.modules, "pytorch_lightning" in sys.modules)
 print(reads)
 """
 
@@ -95,4 +97,4 @@ def test_the_fork_servers_warm_caches_leave_a_run_nothing_to_read_again():
 
     proc = subprocess.run([sys.executable, "-c", WARM_CACHES_READ], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    assert proc.stdout.strip().splitlines()[-2:] == ["True False", "[]"]
