@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from training_platform import process_start
 from training_platform.launch.base import JobHandle
 
 SUBMITTED = "submitted"
@@ -34,28 +35,35 @@ class Follower:
 
     host: str
     pid: int
-    pid_started: float
+    pid_started: float  # when it started, in seconds since the epoch (for people reading the event log)
+    # When it started, as process_start.py marks it: None in an event written by an earlier version, which matched
+    # `pid_started` instead (to a hundredth of a second: a slew of the clock made a follower look gone).
+    start_mark: str | None = None
 
     @classmethod
     def this_process(cls) -> Follower:
-        return cls(socket.gethostname(), os.getpid(), psutil.Process().create_time())
+        pid = os.getpid()
+        return cls(socket.gethostname(), pid, psutil.Process().create_time(), process_start.start_mark(pid))
 
     @classmethod
     def from_event(cls, event: dict[str, Any]) -> Follower | None:
         try:
-            return cls(str(event["host"]), int(event["pid"]), float(event["pid_started"]))
+            mark = event.get("pid_start_mark")
+            return cls(str(event["host"]), int(event["pid"]), float(event["pid_started"]),
+                       str(mark) if mark is not None else None)
         except (KeyError, TypeError, ValueError):
             return None  # recorded before followers were, or by hand
 
     def fields(self) -> dict[str, Any]:
-        return {"host": self.host, "pid": self.pid, "pid_started": self.pid_started}
+        return {"host": self.host, "pid": self.pid, "pid_started": self.pid_started, "pid_start_mark": self.start_mark}
 
     def is_gone(self) -> bool | None:
         """Whether the follower's process has ended; None when it ran on another host (ask Dagster instead)."""
         if self.host != socket.gethostname():
             return None
+        if self.start_mark is not None:  # a pid is reused: the same pid started at another time is another process
+            return not process_start.is_same_process(self.pid, self.start_mark)
         try:
-            # A pid is reused: the same pid started at another time is another process.
             return abs(psutil.Process(self.pid).create_time() - self.pid_started) > 0.01
         except psutil.NoSuchProcess:
             return True

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import psutil
 
+from training_platform import process_start
 from training_platform.errors import PlatformError
 from training_platform.paths import SOURCE_CHECKOUT, PlatformHome
 from training_platform.ports import free_listening_port
@@ -92,12 +93,19 @@ def instance_config() -> str:
 class ServerProcess:
     name: str
     pid: int
-    started: float  # the process's start time: a pid reused by another program is not ours
+    started: float  # when it started, in seconds since the epoch (for people reading server.json)
+    # When it started, as process_start.py marks it: a pid reused by another program is not ours. None in a record
+    # written by an earlier `tp`, which matched `started` instead (to a second: a step of the clock lost the server).
+    start_mark: str | None = None
 
     def alive(self) -> bool:
         try:
             process = psutil.Process(self.pid)
-            return abs(process.create_time() - self.started) < 1.0 and process.status() != psutil.STATUS_ZOMBIE
+            if self.start_mark is not None:
+                ours = process_start.is_same_process(self.pid, self.start_mark)
+            else:
+                ours = abs(process.create_time() - self.started) < 1.0
+            return ours and process.status() != psutil.STATUS_ZOMBIE
         except psutil.Error:
             return False
 
@@ -217,7 +225,8 @@ class LocalServer:
                 start_new_session=True,  # its own group: `stop` ends it with every process it started
                 preexec_fn=_default_interrupts,
             )
-        return ServerProcess(name, process.pid, psutil.Process(process.pid).create_time())
+        started = psutil.Process(process.pid).create_time()
+        return ServerProcess(name, process.pid, started, process_start.start_mark(process.pid))
 
     def _wait_for_grpc(self, state: ServerState) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -5,6 +5,9 @@ from __future__ import annotations
 import subprocess
 from dataclasses import replace
 
+import psutil
+import pytest
+
 from training_platform.following import Follower, newest_job
 
 
@@ -71,5 +74,29 @@ def test_a_follower_is_gone_when_its_pid_ended_or_is_another_process():
     ended = subprocess.Popen(["true"])
     ended.wait()
     assert replace(me, pid=ended.pid).is_gone() is True
-    assert replace(me, pid_started=me.pid_started - 60).is_gone() is True  # the pid reused by a later process
+    boot, ticks = me.start_mark.split(":")
+    assert replace(me, start_mark=f"{boot}:{int(ticks) - 100}").is_gone() is True  # the pid reused by a later process
     assert replace(me, host="another-host").is_gone() is None  # only Dagster can say
+    # An event of an earlier version, with the start in seconds since the epoch only.
+    assert replace(me, start_mark=None).is_gone() is False
+    assert replace(me, start_mark=None, pid_started=me.pid_started - 60).is_gone() is True
+
+
+def set_clock_ahead(monkeypatch, seconds: float) -> None:
+    """The system clock set ahead (NTP, a virtual machine resumed): the boot time it implies moves with it."""
+    booted = psutil._pslinux.boot_time
+    monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: booted() + seconds)
+
+
+def test_a_follower_is_not_gone_when_the_clock_is_set(monkeypatch):
+    me = Follower.this_process()
+    set_clock_ahead(monkeypatch, 5.0)
+    assert psutil.Process().create_time() - me.pid_started == pytest.approx(5.0)  # what psutil says moved
+    assert me.is_gone() is False
+
+
+def test_a_follower_reads_back_from_its_event():
+    me = Follower.this_process()
+    assert Follower.from_event({"kind": "submitted", **me.fields()}) == me
+    earlier = {key: value for key, value in me.fields().items() if key != "pid_start_mark"}
+    assert Follower.from_event({"kind": "submitted", **earlier}) == replace(me, start_mark=None)
