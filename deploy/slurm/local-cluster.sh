@@ -221,7 +221,8 @@ status() {
         if alive "$DIR/run/slurmd-$name.pid"; then echo "slurmd $name: running (pid $(cat "$DIR/run/slurmd-$name.pid"))"
         else echo "slurmd $name: not running (ours)"; fi
     done
-    if scontrol ping >/dev/null 2>&1; then
+    # Without its slurm.conf (never brought up here), a Slurm client retries reading it for 60 s before it fails.
+    if [[ -f "$CONF" ]] && scontrol ping >/dev/null 2>&1; then
         sinfo -o "%P %a %D %T %G"
     fi
     echo "SLURM_CONF=$CONF"

@@ -11,6 +11,7 @@ import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from training_platform.errors import LaunchError, SpecError
 
@@ -61,10 +62,16 @@ class SlurmCommands:
         self, args: Sequence[str], *, env: Mapping[str, str] | None = None, check: bool = True, inherit: bool = True
     ) -> subprocess.CompletedProcess[str]:
         """Run a client command; `inherit=False`: with `env` alone (and SLURM_CONF), for sbatch's job."""
-        try:
-            result = subprocess.run(
-                list(args), capture_output=True, text=True, env=self.env(env, inherit), timeout=self.timeout_s
+        command_env = self.env(env, inherit)
+        conf = command_env.get("SLURM_CONF")
+        if conf and not Path(conf).is_file():  # a client would retry reading it for 60 s, then fail
+            raise LaunchError(
+                f"SLURM_CONF names {conf}, which is not a file: start the local cluster "
+                "(`deploy/slurm/local-cluster.sh up`), or set SLURM_CONF (the Slurm launcher's slurm_conf) to the "
+                "slurm.conf of your cluster"
             )
+        try:
+            result = subprocess.run(list(args), capture_output=True, text=True, env=command_env, timeout=self.timeout_s)
         except FileNotFoundError:
             raise LaunchError(
                 f"`{args[0]}` is not installed here; install the Slurm clients, or start the local cluster "

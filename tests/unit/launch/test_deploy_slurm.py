@@ -32,3 +32,14 @@ def test_template_has_spot_preemptable_by_ondemand_with_requeue():
     assert "PriorityTier=1 " in partitions["spot"] and "PreemptMode=REQUEUE" in partitions["spot"]
     assert "GraceTime=" in partitions["spot"]
     assert "PriorityTier=10 " in partitions["ondemand"]
+
+
+def test_status_of_a_cluster_never_brought_up_answers_at_once(tmp_path):
+    """Without its slurm.conf a Slurm client retries reading it for 60 s: `status` asks none then (the test session's
+    first look at the cluster, on a fresh machine, waited that long)."""
+    status = subprocess.run(["bash", str(DEPLOY / "local-cluster.sh"), "status"], capture_output=True, text=True,
+                            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "TP_SLURM_DIR": str(tmp_path / "never-up")},
+                            timeout=20)
+    assert status.returncode == 0, status.stderr
+    assert "slurmctld: not running (ours)" in status.stdout
+    assert f"SLURM_CONF={tmp_path / 'never-up' / 'etc' / 'slurm.conf'}" in status.stdout
