@@ -68,17 +68,32 @@ _POSTGRES_STORAGE = f"""
 )
 
 
+# SQLite run and schedule storage in the Dagster home, where Dagster's default keeps them, each with a connection
+# kept open between uses (training_platform_dagster/sqlite_storage.py); the event log is Dagster's default.
+_SQLITE_STORAGE = "".join(
+    f"""{key}:
+  module: training_platform_dagster.sqlite_storage
+  class: {cls}
+  config:
+    base_dir:
+      env: DAGSTER_HOME
+"""
+    for key, cls in (("run_storage", "RunStorage"), ("schedule_storage", "ScheduleStorage"))
+)
+
+
 class ServerError(PlatformError):
     """The platform server cannot start or be reached; the message says why and the fix."""
 
 
 def instance_config() -> str:
-    """The shipped instance config; with TP_DAGSTER_DATABASE_URL set, on PostgreSQL (run, event-log and schedule
-    storage). The URL, and the password in it, stay in the server's environment: the file names the variable."""
+    """The shipped instance config, on SQLite in the Dagster home; with TP_DAGSTER_DATABASE_URL set, on PostgreSQL
+    (run, event-log and schedule storage). The URL, and the password in it, stay in the server's environment: the
+    file names the variable."""
     shipped = SHIPPED_INSTANCE.read_text()
     url = os.environ.get(DATABASE_ENV, "")
     if not url:
-        return shipped
+        return shipped + "\n" + _SQLITE_STORAGE
     scheme = url.split("://", 1)[0]
     if scheme != "postgresql+psycopg2":
         # SQLAlchemy 2 reads postgresql:// as psycopg 3, on which Dagster's event log fails at its first event.

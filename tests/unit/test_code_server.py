@@ -8,7 +8,7 @@ def test_the_shipped_instance_preloads_its_sqlite_storage_and_the_team_queue(tmp
     monkeypatch.delenv(DATABASE_ENV, raising=False)
     (tmp_path / "dagster.yaml").write_text(instance_config())
     modules = instance_modules(str(tmp_path))
-    assert "dagster._core.storage.sqlite_storage" in modules
+    assert "training_platform_dagster.sqlite_storage" in modules
     assert "training_platform_dagster.run_coordinator" in modules
     assert "training_platform_dagster.postgres_storage" not in modules
 
@@ -18,7 +18,7 @@ def test_an_instance_on_postgres_preloads_the_postgres_storage(tmp_path, monkeyp
     (tmp_path / "dagster.yaml").write_text(instance_config())
     modules = instance_modules(str(tmp_path))
     assert "training_platform_dagster.postgres_storage" in modules
-    assert "dagster._core.storage.sqlite_storage" not in modules
+    assert "training_platform_dagster.sqlite_storage" not in modules
 
 
 def test_no_dagster_home_preloads_no_instance_classes():

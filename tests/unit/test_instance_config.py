@@ -1,4 +1,5 @@
-"""The instance config tp server start writes: the shipped queue, on PostgreSQL when TP_DAGSTER_DATABASE_URL is set."""
+"""The instance config tp server start writes: the shipped queue, on SQLite in the Dagster home (with connections
+kept open), on PostgreSQL when TP_DAGSTER_DATABASE_URL is set."""
 
 import dagster as dg
 import pytest
@@ -8,9 +9,15 @@ from training_platform.server import DATABASE_ENV, ServerError, instance_config
 from training_platform.shipped import INSTANCE_CONFIG
 
 
-def test_without_a_database_the_instance_is_the_shipped_one(monkeypatch):
+def test_without_a_database_the_instance_is_the_shipped_queue_on_sqlite_with_kept_connections(monkeypatch):
     monkeypatch.delenv(DATABASE_ENV, raising=False)
-    assert instance_config() == INSTANCE_CONFIG.read_text()
+    text = instance_config()
+    assert text.startswith(INSTANCE_CONFIG.read_text())
+    config = yaml.safe_load(text)
+    for key, cls in (("run_storage", "RunStorage"), ("schedule_storage", "ScheduleStorage")):
+        assert config[key] == {"module": "training_platform_dagster.sqlite_storage", "class": cls,
+                               "config": {"base_dir": {"env": "DAGSTER_HOME"}}}
+    assert "event_log_storage" not in config  # Dagster's default
 
 
 def test_a_database_url_puts_every_storage_on_postgres_and_keeps_the_password_out_of_the_file(monkeypatch):
