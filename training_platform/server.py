@@ -68,32 +68,37 @@ _POSTGRES_STORAGE = f"""
 )
 
 
-# SQLite run and schedule storage in the Dagster home, where Dagster's default keeps them, each with a connection
-# kept open between uses (training_platform_dagster/sqlite_storage.py); the event log is Dagster's default.
-_SQLITE_STORAGE = "".join(
-    f"""{key}:
-  module: training_platform_dagster.sqlite_storage
-  class: {cls}
-  config:
-    base_dir:
-      env: DAGSTER_HOME
-"""
-    for key, cls in (("run_storage", "RunStorage"), ("schedule_storage", "ScheduleStorage"))
-)
+def _sqlite_storage(dagster_home: Path) -> str:
+    """SQLite run, event-log and schedule storage in DAGSTER_HOME, in the files Dagster's default uses, each with its
+    connections kept open between uses (training_platform_dagster/sqlite_storage.py). The home is written out: a
+    storage class is given its config only, and an instance opened from this file elsewhere must find these files."""
+    base_dir = json.dumps(str(dagster_home.resolve()))  # a YAML string, whatever the path holds
+    blocks = (
+        f"{key}:\n  module: training_platform_dagster.sqlite_storage\n  class: {cls}\n"
+        f"  config:\n    base_dir: {base_dir}\n"
+        for key, cls in (
+            ("run_storage", "RunStorage"),
+            ("event_log_storage", "EventLogStorage"),
+            ("schedule_storage", "ScheduleStorage"),
+        )
+    )
+    return "\n# SQLite in this Dagster home, connections kept open (training_platform_dagster/sqlite_storage.py).\n" + (
+        "".join(blocks)
+    )
 
 
 class ServerError(PlatformError):
     """The platform server cannot start or be reached; the message says why and the fix."""
 
 
-def instance_config() -> str:
-    """The shipped instance config, on SQLite in the Dagster home; with TP_DAGSTER_DATABASE_URL set, on PostgreSQL
+def instance_config(dagster_home: Path) -> str:
+    """The shipped instance config, on SQLite in DAGSTER_HOME; with TP_DAGSTER_DATABASE_URL set, on PostgreSQL
     (run, event-log and schedule storage). The URL, and the password in it, stay in the server's environment: the
     file names the variable."""
     shipped = SHIPPED_INSTANCE.read_text()
     url = os.environ.get(DATABASE_ENV, "")
     if not url:
-        return shipped + "\n" + _SQLITE_STORAGE
+        return shipped + _sqlite_storage(dagster_home)
     scheme = url.split("://", 1)[0]
     if scheme != "postgresql+psycopg2":
         # SQLAlchemy 2 reads postgresql:// as psycopg 3, on which Dagster's event log fails at its first event.
@@ -287,7 +292,7 @@ class LocalServer:
         config of the operator's own is kept, with a word when it does not use the platform's queue."""
         target = self.home.dagster_home / "dagster.yaml"
         target.parent.mkdir(parents=True, exist_ok=True)
-        ours = instance_config()
+        ours = instance_config(self.home.dagster_home)
         current = target.read_text() if target.exists() else None
         if current is None or current == _LEGACY_INSTANCE_CONFIG or (
             current != ours and current.startswith(ours.splitlines()[0])

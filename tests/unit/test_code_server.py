@@ -6,7 +6,7 @@ from training_platform_dagster.code_server import instance_modules
 
 def test_the_shipped_instance_preloads_its_sqlite_storage_and_the_team_queue(tmp_path, monkeypatch):
     monkeypatch.delenv(DATABASE_ENV, raising=False)
-    (tmp_path / "dagster.yaml").write_text(instance_config())
+    (tmp_path / "dagster.yaml").write_text(instance_config(tmp_path))
     modules = instance_modules(str(tmp_path))
     assert "training_platform_dagster.sqlite_storage" in modules
     assert "training_platform_dagster.run_coordinator" in modules
@@ -15,7 +15,7 @@ def test_the_shipped_instance_preloads_its_sqlite_storage_and_the_team_queue(tmp
 
 def test_an_instance_on_postgres_preloads_the_postgres_storage(tmp_path, monkeypatch):
     monkeypatch.setenv(DATABASE_ENV, "postgresql+psycopg2://tp:secret@127.0.0.1:1/tp")
-    (tmp_path / "dagster.yaml").write_text(instance_config())
+    (tmp_path / "dagster.yaml").write_text(instance_config(tmp_path))
     modules = instance_modules(str(tmp_path))
     assert "training_platform_dagster.postgres_storage" in modules
     assert "training_platform_dagster.sqlite_storage" not in modules
@@ -36,7 +36,7 @@ def test_the_server_opens_an_instance_once_and_a_with_block_leaves_it_open(tmp_p
     homes = []
     for name in ("one", "two"):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "dagster.yaml").write_text(instance_config())
+        (tmp_path / name / "dagster.yaml").write_text(instance_config(tmp_path / name))
         homes.append(InstanceRef.from_dir(str(tmp_path / name)))
     share_instances()
 
