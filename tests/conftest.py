@@ -25,8 +25,8 @@ def pytest_configure(config) -> None:
     # developer's own setting is kept. Jobs inherit it (launch/job_env.py passes OMP_*).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # Dagster runs in this process too (materialize), and the platform servers the tests start inherit its
-    # signal dispositions: the same reasons as for `tp` (cli.py).
-    from training_platform.cli import keep_stop_signals_deliverable
+    # signal dispositions: the same reasons as for `tp` (training_platform/cli/main.py).
+    from training_platform.cli.main import keep_stop_signals_deliverable
 
     keep_stop_signals_deliverable()
     # Every spec must name a declared team (training_platform/teams.py): the tests' teams, whatever

@@ -16,8 +16,8 @@ import pytest
 
 from definitions import defs
 from tests.fixtures.materialize import materialize_partition
+from training_platform.cli.cost import summed_totals
 from training_platform.cost import CostLedger, load_price_model
-from training_platform.cost.commands import summed_totals
 from training_platform.datasets import build_snapshot
 from training_platform.paths import PlatformHome
 from training_platform.preemption import summarize

@@ -16,11 +16,11 @@ HEAVY = ("torch", "dagster", "dagster_graphql", "mlflow", "deepspeed", "boto3", 
 
 
 def test_the_command_line_loads_without_torch_dagster_or_mlflow():
-    _assert_light("training_platform.cli")
+    _assert_light("training_platform.cli.main")
 
 
 def test_status_and_metrics_read_the_server_without_torch_or_dagster():
-    _assert_light("training_platform.cli", "training_platform.telemetry.commands", "training_platform.client.records",
+    _assert_light("training_platform.cli.main", "training_platform.cli.telemetry", "training_platform.client.records",
                   "training_platform.telemetry.prometheus")
 
 
@@ -28,10 +28,10 @@ def test_train_checks_a_cpu_spec_before_submitting_without_torch(tmp_path):
     # What `tp train`, `tp sweep` and `tp retrain` run before they reach the server: preflight, own files, the
     # launcher's plan and check.
     _assert_light(
-        "training_platform.cli",
+        "training_platform.cli.main",
         then="from pathlib import Path\nfrom training_platform.paths import PlatformHome\n"
         "from training_platform.spec import load_spec\n"
-        f"training_platform.cli._validated(load_spec({str(ROOT / 'examples' / 'digits.yaml')!r}), "
+        f"training_platform.cli.main._validated(load_spec({str(ROOT / 'examples' / 'digits.yaml')!r}), "
         f"PlatformHome(Path({str(tmp_path)!r})), 'local')\n",
     )
 

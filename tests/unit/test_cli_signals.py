@@ -9,7 +9,7 @@ SCRIPT = """
 import signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a non-interactive shell starts a background job
 from dagster._utils.interrupts import capture_interrupts
-from training_platform.cli import keep_stop_signals_deliverable
+from training_platform.cli.main import keep_stop_signals_deliverable
 if sys.argv[1] == "tp":
     keep_stop_signals_deliverable()
 with capture_interrupts():  # what every in-process Dagster execution enters

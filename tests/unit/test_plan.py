@@ -102,7 +102,7 @@ def test_gpu_table_covers_the_spec_and_names_devices():
 
 
 def test_tp_plan_json(tmp_path, monkeypatch):
-    from training_platform.cli import app
+    from training_platform.cli.main import app
 
     monkeypatch.setenv("TP_HOME", str(tmp_path))
     path = tmp_path / "spec.yaml"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from training_platform.cli_common import emit
+from training_platform.cli.common import emit
 from training_platform.terminal import readable, readable_duration, readable_usd
 
 

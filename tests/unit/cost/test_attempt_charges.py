@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from typer.testing import CliRunner
 
-from training_platform.cli import app
+from training_platform.cli.main import app
 from training_platform.cost import BudgetError, CostLedger, check_run_budget, estimate_run, load_price_model
 from training_platform.cost.attempts import attempt_spans, resume_step
 from training_platform.cost.budgets import DEFAULT_SECONDS_PER_STEP

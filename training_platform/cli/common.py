@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from training_platform.cli_follow import Detached, show
+from training_platform.cli.follow import Detached, show
 from training_platform.client import PlatformClient, connect
 from training_platform.client.runs import Progress, follow
 from training_platform.errors import PlatformError

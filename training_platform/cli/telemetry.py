@@ -1,6 +1,6 @@
-"""Bodies of `tp status`, `tp metrics` and `tp doctor --bench`; cli.py injects what lists runs.
+"""Bodies of `tp status`, `tp metrics` and `tp doctor --bench`; main.py injects what lists runs.
 
-Kept out of cli.py so the command line stays a thin composition root: `list_records` is the
+Kept out of main.py so the command line stays a thin composition root: `list_records` is the
 caller's function that lists run records (the platform server's runs merged with run telemetry).
 """
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from training_platform.cli_common import JsonFlag, console, fail, home, say
+from training_platform.cli.common import JsonFlag, console, fail, home, say
 from training_platform.errors import PlatformError
 from training_platform.lifecycle.settings import load_settings, settings_path
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Column, Table
 
-from training_platform.cli_common import JsonFlag, client, console, emit, fail, home, say
+from training_platform.cli.common import JsonFlag, client, console, emit, fail, home, say
 from training_platform.client.snapshots import list_snapshots, show_snapshot
 from training_platform.errors import PlatformError
 

@@ -24,29 +24,30 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from training_platform import checkpoints_cli, runs_cli
-from training_platform.cli_common import JsonFlag, client, console, emit, fail, follow_run, home, say
+from training_platform.cli import checkpoints as checkpoints_cli
+from training_platform.cli import lifecycle as lifecycle_commands
+from training_platform.cli import runs as runs_cli
+from training_platform.cli.common import JsonFlag, client, console, emit, fail, follow_run, home, say
+from training_platform.cli.cost import cost_app
+from training_platform.cli.server import server_app
+from training_platform.cli.snapshots import snapshots_app
 from training_platform.client import SERVER_URL_ENV
 from training_platform.client.retrain import follow_retrain, launch_retrain
 from training_platform.client.runs import submit_snapshot, submit_training, summary, wait_for
 from training_platform.client.sweeps import follow_sweep, submit_sweep
 from training_platform.cost import check_budget, check_run_budget, estimate_run
 from training_platform.cost.budgets import sweep_estimate_usd
-from training_platform.cost.commands import cost_app
 from training_platform.cost.windows import CostWindow
 from training_platform.errors import PlatformError, SpecError
 from training_platform.launch import RunRequest
 from training_platform.launch.registry import launcher_for
-from training_platform.lifecycle import commands as lifecycle_commands
 from training_platform.paths import PlatformHome
 from training_platform.preflight import check_own_files, preflight
 from training_platform.redaction import redact
 from training_platform.retraining import days_between
 from training_platform.run_windows import RunWindowQueue, run_window, waits_for_window
 from training_platform.runs import new_run_id, spec_tags
-from training_platform.server_cli import server_app
 from training_platform.shipped import DAILY_SPEC, DEMO_SPEC
-from training_platform.snapshots_cli import snapshots_app
 from training_platform.spec import BACKENDS, TrainSpec, load_spec, parse_spec
 from training_platform.sweeps import load_sweep
 from training_platform.team_policy import resolve_team
@@ -357,7 +358,7 @@ def doctor(
 
 
 def _doctor_bench(spec_path: Path, home: PlatformHome) -> list:
-    from training_platform.telemetry.commands import bench
+    from training_platform.cli.telemetry import bench
 
     try:
         spec = load_spec(spec_path)
@@ -384,7 +385,7 @@ def status(
     as_json: JsonFlag = False,
 ) -> None:
     """Queued and running runs: estimated wait, progress, utilization, cost so far."""
-    from training_platform.telemetry.commands import show_status
+    from training_platform.cli.telemetry import show_status
 
     show_status(_run_records(as_json), team, as_json, console)
 
@@ -395,7 +396,7 @@ def metrics(
     host: Annotated[str, typer.Option("--host", help="address to listen on")] = "127.0.0.1",
 ) -> None:
     """Serve Prometheus metrics: queue depth, running jobs, utilization and cost per team."""
-    from training_platform.telemetry.commands import serve_metrics
+    from training_platform.cli.telemetry import serve_metrics
 
     serve_metrics(_run_records(False), port, host, console)
 

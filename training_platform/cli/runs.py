@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 from rich.table import Column, Table
 
-from training_platform.cli_common import JsonFlag, client, console, emit, fail, follow_run, home, say
+from training_platform.cli.common import JsonFlag, client, console, emit, fail, follow_run, home, say
 from training_platform.client import DagsterRun, PlatformClient
 from training_platform.client.graphql import IN_PROGRESS
 from training_platform.client.runs import continuation, resubmit, summary

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from training_platform.cli_common import JsonFlag, console, fail, home, say
+from training_platform.cli.common import JsonFlag, console, fail, home, say
 from training_platform.client import PlatformClient
 from training_platform.client.graphql import IN_PROGRESS
 from training_platform.errors import PlatformError

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Column, Table
 
-from training_platform.cli_common import JsonFlag, console, fail, home, say
+from training_platform.cli.common import JsonFlag, console, fail, home, say
+from training_platform.cli.lifecycle import size_text
 from training_platform.errors import CheckpointError, PlatformError
 from training_platform.identifiers import check_run_id
-from training_platform.lifecycle.commands import size_text
 from training_platform.redaction import redact
 
 if TYPE_CHECKING:
