@@ -87,7 +87,7 @@ def in_process_pipeline(spec_path: str) -> None:
     from assets.datasets import today_partition
     from definitions import defs
     from training_platform.paths import PlatformHome
-    from training_platform.preflight import preflight
+    from training_platform.policy.preflight import preflight
     from training_platform.runs import register_run
     from training_platform.spec import load_spec
     from training_platform.submission import RUN_ASSETS, snapshot_run_config

@@ -29,7 +29,7 @@ def pytest_configure(config) -> None:
     from training_platform.cli.main import keep_stop_signals_deliverable
 
     keep_stop_signals_deliverable()
-    # Every spec must name a declared team (training_platform/teams.py): the tests' teams, whatever
+    # Every spec must name a declared team (training_platform/policy/teams.py): the tests' teams, whatever
     # the developer's own TP_TEAMS says. A test of the teams file itself sets or removes it.
     os.environ["TP_TEAMS"] = str(Path(__file__).parent / "fixtures" / "teams.yaml")
     if config.pluginmanager.hasplugin("xdist"):

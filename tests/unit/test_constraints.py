@@ -13,7 +13,7 @@ from packaging.version import Version
 
 from training_platform.errors import SpecError
 from training_platform.paths import PlatformHome
-from training_platform.preflight import preflight
+from training_platform.policy.preflight import preflight
 from training_platform.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import pytest
 from training_platform.errors import SpecError
 from training_platform.launch.base import RunRequest
 from training_platform.launch.kubernetes import KubernetesLauncher
-from training_platform.preflight import check_no_secrets
+from training_platform.policy.preflight import check_no_secrets
 from training_platform.redaction import MASK, Redactor
 from training_platform.spec import parse_spec
 from training_platform.tracking import spec_params

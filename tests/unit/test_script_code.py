@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from training_platform.errors import SpecError
-from training_platform.preflight import check_entrypoint, check_no_secrets
+from training_platform.policy.preflight import check_entrypoint, check_no_secrets
 from training_platform.spec import MAX_SCRIPT_BYTES, load_spec, parse_spec
 from training_platform.sweeps.spec import load_sweep
 from training_platform.tracking import spec_params

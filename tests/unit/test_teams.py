@@ -12,9 +12,9 @@ from training_platform.launch.base import RunRequest
 from training_platform.launch.kubernetes import KubernetesLauncher
 from training_platform.launch.slurm import SlurmLauncher
 from training_platform.paths import PlatformHome
-from training_platform.preflight import preflight
+from training_platform.policy.preflight import preflight
+from training_platform.policy.teams import TEAMS_ENV, load_teams
 from training_platform.spec import load_spec, parse_spec
-from training_platform.teams import TEAMS_ENV, load_teams
 
 EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples"
 TEAMS = {

@@ -42,7 +42,8 @@ from training_platform.errors import PlatformError, SpecError
 from training_platform.launch import RunRequest
 from training_platform.launch.registry import launcher_for
 from training_platform.paths import PlatformHome
-from training_platform.preflight import check_own_files, preflight
+from training_platform.policy.preflight import check_own_files, preflight
+from training_platform.policy.team_policy import resolve_team
 from training_platform.redaction import redact
 from training_platform.retraining import days_between
 from training_platform.run_windows import RunWindowQueue, run_window, waits_for_window
@@ -50,7 +51,6 @@ from training_platform.runs import new_run_id, spec_tags
 from training_platform.shipped import DAILY_SPEC, DEMO_SPEC
 from training_platform.spec import BACKENDS, TrainSpec, load_spec, parse_spec
 from training_platform.sweeps import load_sweep
-from training_platform.team_policy import resolve_team
 from training_platform.terminal import readable_duration, readable_usd
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train, track and reproduce models.")

@@ -4,7 +4,7 @@ The training asset checks each run (`check_run_budget`) before it launches anyth
 the nightly retrain, `tp retrain`, sweep trials, resumes and retries are all refused the same way;
 `tp train`, `tp sweep` and `tp retrain` check early with the same functions and submit nothing.
 
-Budgets are the ``monthly_usd`` of each team in the teams file (training_platform/teams.py:
+Budgets are the ``monthly_usd`` of each team in the teams file (training_platform/policy/teams.py:
 ``$TP_TEAMS`` or ``$TP_HOME/teams.yaml``). An undeclared team is refused; a declared team without
 ``monthly_usd`` has no limit.
 """
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 from training_platform.cost.accounting import month_start, open_ledger
 from training_platform.cost.charges import spec_key, template_of, units
 from training_platform.cost.prices import CostError, PriceModel, load_price_model
+from training_platform.policy.teams import declared_team
 from training_platform.spec import TrainSpec
-from training_platform.teams import declared_team
 
 if TYPE_CHECKING:  # sweeps import cost: only the annotation is needed here
     from training_platform.sweeps.spec import SweepSpec

@@ -16,10 +16,10 @@ from training_platform.client import PlatformClient
 from training_platform.client.runs import wait_for
 from training_platform.cost.accounting import open_ledger
 from training_platform.datasets import build_snapshot
+from training_platform.policy.teams import TEAMS_ENV
 from training_platform.runs import spec_tags
 from training_platform.spec import parse_spec
 from training_platform.submission import PARTITION_TAG, RESUME_TAG, TRAINING_JOB, training_run_config
-from training_platform.teams import TEAMS_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TEAM = "spent-team"  # the module's own team on the shared server

@@ -49,7 +49,7 @@ def test_ledger_totals_per_team_and_sweep(tmp_path):
 
 def _teams(tmp_path, monkeypatch, text: str) -> None:
     (tmp_path / "teams.yaml").write_text(text)
-    monkeypatch.delenv("TP_TEAMS")  # the home's own teams file (training_platform/teams.py)
+    monkeypatch.delenv("TP_TEAMS")  # the home's own teams file (training_platform/policy/teams.py)
 
 
 def test_over_budget_submission_is_refused_naming_team_budget_and_spend(tmp_path, monkeypatch):

@@ -16,10 +16,10 @@ from training_platform.durable_checkpoint import CHECKPOINTED_SUFFIX
 from training_platform.launch.base import AGENT_MODULE, RunRequest
 from training_platform.launch.k8s_manifests import KubernetesConfig
 from training_platform.launch.kubernetes import KubernetesLauncher
+from training_platform.policy.team_policy import SWEEP_QUEUE, resolve_team
+from training_platform.policy.teams import Team, TeamsFile
 from training_platform.shipped import INSTANCE_CONFIG
 from training_platform.spec import parse_spec
-from training_platform.team_policy import SWEEP_QUEUE, resolve_team
-from training_platform.teams import Team, TeamsFile
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy" / "kubernetes"

@@ -15,9 +15,9 @@ from typing import Any
 from training_platform.datasets import load_manifest
 from training_platform.errors import SnapshotError, SpecError
 from training_platform.paths import PlatformHome
+from training_platform.policy.team_policy import resolve_team
 from training_platform.redaction import Redactor
 from training_platform.spec import TEMPLATE_METRICS, TrainSpec
-from training_platform.team_policy import resolve_team
 from training_platform.train.spot_notice import check_notice_url
 
 

@@ -123,7 +123,7 @@ def seed_teams_file(home_root: Path) -> Path:
 
 
 SEED_HEADER = """\
-# The teams of this platform home (training_platform/teams.py). A spec's `team` must be declared
+# The teams of this platform home (training_platform/policy/teams.py). A spec's `team` must be declared
 # here, and it may use only its own team's namespace, queue, service account, Secrets, Slurm
 # account, partitions and QoS. Fields left out take the defaults shown in the first entry.
 """

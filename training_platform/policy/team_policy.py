@@ -18,8 +18,8 @@ from pathlib import Path
 
 from training_platform.errors import SpecError
 from training_platform.launch.slurm import SlurmConfig
+from training_platform.policy.teams import Team, declared_team
 from training_platform.spec import TrainSpec
-from training_platform.teams import Team, declared_team
 
 SWEEP_QUEUE = "{team}-sweeps"  # a team's LocalQueue for sweep trials when its teams.yaml entry names none
 
