@@ -20,7 +20,7 @@ from training_platform.errors import PlatformError, SpecError
 from training_platform.launch import JobState, RunRequest
 from training_platform.lineage import LineageKey, environment_lock
 from training_platform.policy.preflight import preflight
-from training_platform.preemption import summarize
+from training_platform.recovery.preemption import summarize
 from training_platform.reproduce import compare
 from training_platform.runlog import RunEvents
 from training_platform.runs import load_run_spec, read_result, register_submitted

@@ -23,7 +23,7 @@ from training_platform.following import FOLLOWED, JOB_ENDED, SUBMITTED, Followed
 from training_platform.launch import JobHandle, JobState, JobStatus, Launcher, RunRequest
 from training_platform.launch.base import gone_after_preemption, keeps_preempted_jobs, run_files_store
 from training_platform.launch.registry import launcher_for
-from training_platform.requeue import follow_requeued
+from training_platform.recovery.requeue import follow_requeued
 from training_platform.run_files import ATTEMPT_ENV, PIPES_MESSAGES_FILE, RunFilesPuller
 from training_platform.runlog import NODE_FAILURE, RunEvents
 from training_platform.submission import LEFT_JOB_TAG

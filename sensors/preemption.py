@@ -30,8 +30,15 @@ from training_platform.following import FollowedJob, newest_job
 from training_platform.launch import JobState, JobStatus
 from training_platform.launch.base import gone_after_preemption, keeps_preempted_jobs
 from training_platform.paths import PlatformHome
-from training_platform.preemption import PreemptionSummary, Recovery, deadline_risk, decide, progress_of, summarize
-from training_platform.requeue import follow_requeued
+from training_platform.recovery.preemption import (
+    PreemptionSummary,
+    Recovery,
+    deadline_risk,
+    decide,
+    progress_of,
+    summarize,
+)
+from training_platform.recovery.requeue import follow_requeued
 from training_platform.runlog import NODE_FAILURE, TIME_LIMIT, RunEvents
 from training_platform.runs import load_run_spec
 from training_platform.submission import FOLLOW_TAG, LEFT_JOB_TAG, PARTITION_TAG, RESUME_TAG

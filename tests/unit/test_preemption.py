@@ -1,7 +1,7 @@
 """Preemption accounting from a run's event log, and the recovery policy."""
 
 from training_platform.launch import JobState, JobStatus
-from training_platform.preemption import Interruption, Recovery, decide, summarize
+from training_platform.recovery.preemption import Interruption, Recovery, decide, summarize
 from training_platform.spec import parse_spec
 
 

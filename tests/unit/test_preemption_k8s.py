@@ -8,7 +8,7 @@ import yaml
 from training_platform.launch.k8s_status import job_status
 from training_platform.launch.kubernetes import KubernetesLauncher
 from training_platform.launch.local import LocalLauncher
-from training_platform.preemption import Recovery, decide, summarize
+from training_platform.recovery.preemption import Recovery, decide, summarize
 from training_platform.spec import parse_spec
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "k8s_recorded"

@@ -19,7 +19,7 @@ from training_platform.durable_checkpoint import DurableCheckpoint
 from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import JobHandle, JobState, JobStatus, RunRequest
 from training_platform.launch.slurm import SlurmConfig, SlurmLauncher
-from training_platform.preemption import summarize
+from training_platform.recovery.preemption import summarize
 from training_platform.runlog import TIME_LIMIT, RunEvents
 from training_platform.spec import parse_spec
 
