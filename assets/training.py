@@ -10,7 +10,6 @@ from pydantic import Field
 from assets.partitions import training_runs
 from resources.launcher import LauncherResource
 from resources.platform import PlatformResource
-from training_platform import tracking
 from training_platform.attempts import Attempt, begin_attempt, finish_attempt
 from training_platform.cost.accounting import record_storage_cost
 from training_platform.cost.attempts import resume_step
@@ -21,6 +20,7 @@ from training_platform.launch import JobState, RunRequest
 from training_platform.lineage import LineageKey, environment_lock
 from training_platform.policy.preflight import preflight
 from training_platform.recovery.preemption import summarize
+from training_platform.registry import tracking
 from training_platform.reproduce import compare
 from training_platform.runlog import RunEvents
 from training_platform.runs import load_run_spec, read_result, register_submitted

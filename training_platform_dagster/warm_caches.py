@@ -13,7 +13,7 @@ from __future__ import annotations
 from mlflow.utils import requirements_utils
 
 from training_platform.lineage import environment_lock
-from training_platform.tracking import mlflow_pytorch
+from training_platform.registry.tracking import mlflow_pytorch
 
 # Keyed by each import directory's modification time (lineage.py): a distribution installed after the fork server
 # started changes it, and a run then reads the environment anew.

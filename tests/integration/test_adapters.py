@@ -14,8 +14,8 @@ from training_platform.datasets import build_snapshot
 from training_platform.launch import JobState, standby
 from training_platform.launch.local import LocalLauncher
 from training_platform.paths import PlatformHome
+from training_platform.registry.script_evaluation import evaluate_script
 from training_platform.runlog import RunEvents
-from training_platform.script_evaluation import evaluate_script
 from training_platform.spec import load_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_launches")]

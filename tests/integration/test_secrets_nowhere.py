@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from training_platform import tracking
+from training_platform.registry import tracking
 from training_platform.spec import parse_spec
 
 pytestmark = pytest.mark.integration

@@ -8,8 +8,8 @@ import multiprocessing
 from pathlib import Path
 
 from training_platform.documents import shared_lock
+from training_platform.registry.tracking import CHAMPION_ALIAS, promote, promotion_gate
 from training_platform.spec import GateSpec
-from training_platform.tracking import CHAMPION_ALIAS, promote, promotion_gate
 
 ACCURACIES = [0.90, 0.95, 0.93, 0.91]
 
@@ -84,7 +84,7 @@ def test_the_gate_compares_the_specs_metric_in_its_direction_by_its_margin(tmp_p
 def test_a_champion_measured_on_another_split_is_measured_again_on_the_candidates(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from training_platform.champion import ChampionNotMeasured
+    from training_platform.registry.champion import ChampionNotMeasured
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)

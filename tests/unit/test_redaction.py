@@ -9,8 +9,8 @@ from training_platform.launch.base import RunRequest
 from training_platform.launch.kubernetes import KubernetesLauncher
 from training_platform.policy.preflight import check_no_secrets
 from training_platform.redaction import MASK, Redactor
+from training_platform.registry.tracking import spec_params
 from training_platform.spec import parse_spec
-from training_platform.tracking import spec_params
 
 SECRET = "s3cr3t-in-env-and-args"
 URL_PASSWORD = "pa55-in-url"

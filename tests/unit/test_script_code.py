@@ -11,9 +11,9 @@ import yaml
 
 from training_platform.errors import SpecError
 from training_platform.policy.preflight import check_entrypoint, check_no_secrets
+from training_platform.registry.tracking import spec_params
 from training_platform.spec import MAX_SCRIPT_BYTES, load_spec, parse_spec
 from training_platform.sweeps.spec import load_sweep
-from training_platform.tracking import spec_params
 from training_platform.train.__main__ import script_to_run
 
 SCRIPT = 'import os\nfrom huggingface_hub import login\nlogin(token=os.environ["HF_TOKEN"])\nprint("trained")\n'

@@ -2,7 +2,7 @@
 
 from mlflow.tracking import MlflowClient
 
-from training_platform.tracking import ensure_experiment, log_metrics, set_tags
+from training_platform.registry.tracking import ensure_experiment, log_metrics, set_tags
 
 
 def test_metrics_and_tags_arrive_whole_in_one_request_each(tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ import sys
 LOADS = """
 import sys
 
-from training_platform.tracking import mlflow_pytorch
+from training_platform.registry.tracking import mlflow_pytorch
 
 module = mlflow_pytorch()
 print(callable(module.log_model), "pytorch_lightning" in sys.modules)

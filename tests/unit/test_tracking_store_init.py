@@ -5,7 +5,7 @@ Without the lock, three of four processes failed here with `table _alembic_tmp_e
 
 import multiprocessing
 
-from training_platform.tracking import ensure_experiment
+from training_platform.registry.tracking import ensure_experiment
 
 
 def _first_use(uri: str, artifacts: str, barrier) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training_platform import tracking
+from training_platform.registry import tracking
 from training_platform.sweeps.driver import SweepResult
 from training_platform.sweeps.spec import SweepSpec
 

@@ -134,7 +134,7 @@ def log_pytorch_model(model: nn.Module, test: SplitBatches, example: Example | N
     first test row's features."""
     import mlflow.pytorch
 
-    from training_platform.tracking import model_requirements
+    from training_platform.registry.tracking import model_requirements
 
     if example is not None:
         sample = example(test)

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 from training_platform.attempts import latest_record
 from training_platform.errors import CheckpointError, PlatformError
-from training_platform.evaluate import evaluate_checkpoint, find_checkpoint
 from training_platform.paths import PlatformHome
+from training_platform.registry.evaluate import evaluate_checkpoint, find_checkpoint
 from training_platform.spec import parse_spec
 
 
@@ -44,7 +44,7 @@ def remeasure(home: PlatformHome, tags: Mapping[str, str], snapshot_id: str) -> 
     except CheckpointError as exc:
         raise ChampionNotMeasured(str(exc)) from None
     if spec.entrypoint is not None:
-        from training_platform.script_evaluation import EvaluationError, evaluate_script
+        from training_platform.registry.script_evaluation import EvaluationError, evaluate_script
 
         try:
             script = evaluate_script(home, spec, run_id, manifest, store_uri, snapshot_id=snapshot_id)

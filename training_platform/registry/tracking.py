@@ -198,7 +198,7 @@ def promotion_gate(
     a champion measured on another is measured again on it (REMEASURE) before they are compared."""
     from mlflow.exceptions import MlflowException
 
-    from training_platform.champion import ChampionNotMeasured, measured_on
+    from training_platform.registry.champion import ChampionNotMeasured, measured_on
 
     client = _client(tracking_uri)
     try:
