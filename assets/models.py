@@ -5,7 +5,6 @@ import dagster as dg
 from assets.partitions import training_runs
 from resources.platform import PlatformResource
 from training_platform.checkpoints import open_store
-from training_platform.documents import shared_lock
 from training_platform.lifecycle.registry import model_pin_reason
 from training_platform.registry import tracking
 from training_platform.registry.champion import remeasure
@@ -13,6 +12,7 @@ from training_platform.registry.evaluate import evaluate_checkpoint, find_checkp
 from training_platform.registry.script_evaluation import evaluate_script
 from training_platform.registry.tracking import metric_tag
 from training_platform.spec import parse_spec
+from training_platform.state.documents import shared_lock
 
 
 @dg.asset(

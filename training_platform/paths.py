@@ -26,7 +26,7 @@ What the platform needs at run time is in the package itself (training_platform/
 
 def database_url() -> str | None:
     """The platform's database (``$TP_DATABASE_URL``), shared by every machine of a team's deployment; None on
-    the embedded default, where each part keeps its state in files of the home (training_platform/database.py)."""
+    the embedded default, where each part keeps its state in files of the home (training_platform/state/database.py)."""
     return os.environ.get(DATABASE_ENV) or None
 
 

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from training_platform.cost.accounting import LedgerQueries, matches, row_key
 from training_platform.cost.prices import CostError
-from training_platform.database import connect, described, failure
+from training_platform.state.database import connect, described, failure
 
 _METADATA = sa.MetaData()
 LEDGER_TABLE = sa.Table(

@@ -12,9 +12,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from training_platform.database import connect, described, shared_state_failures
-from training_platform.documents import Documents, file_lock
 from training_platform.identifiers import check_run_id
+from training_platform.state.database import connect, described, shared_state_failures
+from training_platform.state.documents import Documents, file_lock
 
 _METADATA = sa.MetaData()
 DOCUMENTS_TABLE = sa.Table(

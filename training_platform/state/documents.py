@@ -53,7 +53,7 @@ def open_documents(home_root: Path, kind: str, directory: str) -> Documents:
     """The deployment's records of `kind`: the platform's database when ``TP_DATABASE_URL`` names one, else the
     JSON files of `directory` under the home."""
     if url := database_url():
-        from training_platform.documents_db import DatabaseDocuments  # SQLAlchemy only when asked for
+        from training_platform.state.documents_db import DatabaseDocuments  # SQLAlchemy only when asked for
 
         return DatabaseDocuments(url, kind, lock_dir=Path(home_root) / "locks")
     return FileDocuments(Path(home_root) / directory, kind)
