@@ -14,7 +14,7 @@ from training_platform.datasets.daily import DIGITS_DAILY, DatedSnapshot, build_
 from training_platform.datasets.file_spec import FileExpectations, FileSplit, is_file_uri
 from training_platform.datasets.files import FileSource, build_file_snapshot, read_source_table
 from training_platform.errors import SpecError
-from training_platform.runs import spec_from_json
+from training_platform.runs.specs import spec_from_json
 from training_platform.spec import DatasetSpec, format_validation_error
 from training_platform.submission import SNAPSHOT_ASSET, SNAPSHOT_CHECK
 

@@ -10,20 +10,20 @@ from pydantic import Field
 from assets.partitions import training_runs
 from resources.launcher import LauncherResource
 from resources.platform import PlatformResource
-from training_platform.attempts import Attempt, begin_attempt, finish_attempt
 from training_platform.cost.accounting import record_storage_cost
 from training_platform.cost.attempts import resume_step
 from training_platform.cost.budgets import check_run_budget
 from training_platform.cost.charges import run_money, settle
 from training_platform.errors import PlatformError, SpecError
 from training_platform.launch import JobState, RunRequest
-from training_platform.lineage import LineageKey, environment_lock
 from training_platform.policy.preflight import preflight
 from training_platform.recovery.preemption import summarize
 from training_platform.registry import tracking
-from training_platform.reproduce import compare
-from training_platform.runlog import RunEvents
-from training_platform.runs import load_run_spec, read_result, register_submitted
+from training_platform.runs.attempts import Attempt, begin_attempt, finish_attempt
+from training_platform.runs.events import RunEvents
+from training_platform.runs.lineage import LineageKey, environment_lock
+from training_platform.runs.reproduce import compare
+from training_platform.runs.specs import load_run_spec, read_result, register_submitted
 from training_platform.spec import TrainSpec, parse_spec
 from training_platform.submission import FOLLOW_TAG, LEFT_JOB_TAG
 from training_platform.sweeps.trial import TrialContext
@@ -70,7 +70,7 @@ def training_run(
     if config.spec:
         register_submitted(home, run_id, config.spec)
     attempt = begin_attempt(run_dir, run_id)
-    # A job whose Dagster run went down is followed, not launched again (following.py); a reproduction trains anew.
+    # A job whose Dagster run went down is followed, not launched again (runs/following.py); a reproduction trains anew.
     take_over = (
         None
         if attempt.is_reproduction

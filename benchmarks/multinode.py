@@ -71,7 +71,7 @@ def busbw(nodes: list | None, iters: int) -> dict[int, float]:
 
 def steps_per_second(home: Path, run_id: str, resources: dict, launcher, snapshot_id: str, steps: int) -> float:
     from tests.fixtures.worker import train
-    from training_platform.runlog import RunEvents
+    from training_platform.runs.events import RunEvents
     from training_platform.spec import parse_spec
 
     spec = parse_spec(

@@ -39,7 +39,7 @@ from training_platform.launch.local import LocalLauncher  # noqa: E402
 from training_platform.launch.slurm import SlurmConfig, SlurmLauncher  # noqa: E402
 from training_platform.recovery.preemption import summarize  # noqa: E402
 from training_platform.recovery.requeue import follow_requeued  # noqa: E402
-from training_platform.runlog import RunEvents  # noqa: E402
+from training_platform.runs.events import RunEvents  # noqa: E402
 from training_platform.spec import parse_spec  # noqa: E402
 
 

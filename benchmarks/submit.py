@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from tests.fixtures.platform import free_port  # noqa: E402
-from training_platform.runlog import RunEvents  # noqa: E402
+from training_platform.runs.events import RunEvents  # noqa: E402
 
 TP = str(Path(sys.executable).with_name("tp"))
 CLIENT_RUNS = 50
@@ -88,7 +88,7 @@ def in_process_pipeline(spec_path: str) -> None:
     from definitions import defs
     from training_platform.paths import PlatformHome
     from training_platform.policy.preflight import preflight
-    from training_platform.runs import register_run
+    from training_platform.runs.specs import register_run
     from training_platform.spec import load_spec
     from training_platform.submission import RUN_ASSETS, snapshot_run_config
 

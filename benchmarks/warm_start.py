@@ -32,7 +32,7 @@ import yaml  # noqa: E402
 from tests.fixtures.platform import Platform, last_json, running_platform  # noqa: E402
 from tests.fixtures.worker import wait_until  # noqa: E402
 from training_platform.launch import standby  # noqa: E402
-from training_platform.runlog import RunEvents  # noqa: E402
+from training_platform.runs.events import RunEvents  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "digits.yaml"
 

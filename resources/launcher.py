@@ -19,20 +19,20 @@ from pydantic import Field
 from resources.live_run import LiveRun
 from resources.pipes_reader import PipesJsonLinesReader
 from training_platform.errors import LaunchError, PlatformError
-from training_platform.following import FOLLOWED, JOB_ENDED, SUBMITTED, FollowedJob, Follower, newest_job
 from training_platform.launch import JobHandle, JobState, JobStatus, Launcher, RunRequest
 from training_platform.launch.base import gone_after_preemption, keeps_preempted_jobs, run_files_store
 from training_platform.launch.registry import launcher_for
 from training_platform.recovery.requeue import follow_requeued
-from training_platform.run_files import ATTEMPT_ENV, PIPES_MESSAGES_FILE, RunFilesPuller
-from training_platform.runlog import NODE_FAILURE, RunEvents
+from training_platform.runs.events import NODE_FAILURE, RunEvents
+from training_platform.runs.following import FOLLOWED, JOB_ENDED, SUBMITTED, FollowedJob, Follower, newest_job
+from training_platform.runs.remote_files import ATTEMPT_ENV, PIPES_MESSAGES_FILE, RunFilesPuller
 from training_platform.submission import LEFT_JOB_TAG
 
 CANCEL_WAIT_S = 30.0
 STATUS_OUTAGE_S = 120.0  # how long the backend may fail to report the job's state before the run fails
 # What Dagster raises in a run it terminates (the UI's Terminate button, `tp cancel`): the job goes too.
 # Any other error leaves the job alone: the preemption sensor has a new run take over a job whose run stopped
-# following it (following.py).
+# following it (runs/following.py).
 TERMINATED = (dg.DagsterExecutionInterruptedError, KeyboardInterrupt)
 
 
@@ -114,7 +114,7 @@ class LauncherResource(dg.ConfigurableResource):
             context=context, context_injector=dg.PipesEnvContextInjector(), message_reader=reader
         ) as session:
             if take_over is None:
-                # A job that hands its files over through the store tags them with this Dagster run (run_files.py).
+                # A job handing its files over through the store tags them with this Dagster run (runs/remote_files.py).
                 attempt = {ATTEMPT_ENV: context.run_id} if store is not None else {}
                 request = replace(request, env={**request.env, **session.get_bootstrap_env_vars(), **attempt})
                 plan = launcher.plan(request)

@@ -16,7 +16,7 @@ import dagster as dg
 
 from training_platform.durable_checkpoint import DurableCheckpoint, newest_checkpoint
 from training_platform.launch import JobHandle, Launcher
-from training_platform.runlog import RunEvents
+from training_platform.runs.events import RunEvents
 from training_platform.telemetry.records import read_telemetry
 
 # Throughput figures stay in MLflow and the run's telemetry: the tag shows what a run is learning.

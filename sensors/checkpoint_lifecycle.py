@@ -6,7 +6,7 @@ import dagster as dg
 
 from assets.lifecycle import checkpoint_lifecycle_job
 from sensors.schedule_switch import default_schedule_status
-from training_platform.runs import queue_tags
+from training_platform.runs.specs import queue_tags
 
 # Off-peak by default; TP_CHECKPOINT_LIFECYCLE_CRON overrides it (read when the code loads).
 LIFECYCLE_CRON = os.environ.get("TP_CHECKPOINT_LIFECYCLE_CRON") or "30 3 * * *"

@@ -16,8 +16,8 @@ from sensors.run_status import will_retry
 from training_platform.launch import JobState, JobStatus
 from training_platform.paths import PlatformHome
 from training_platform.recovery.preemption import Recovery, decide, summarize
-from training_platform.runlog import RunEvents
-from training_platform.runs import load_run_spec, spec_tags
+from training_platform.runs.events import RunEvents
+from training_platform.runs.specs import load_run_spec, spec_tags
 from training_platform.submission import LEFT_JOB_TAG, PARTITION_TAG, SWEEP_TAG
 from training_platform.sweeps import QueuedSweep, SweepDriver, SweepQueue, SweepResult
 from training_platform.sweeps.driver import RunState, TrialRun

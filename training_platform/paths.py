@@ -16,7 +16,7 @@ from training_platform.identifiers import check_run_id, contained
 
 SNAPSHOT_STORE_ENV = "TP_SNAPSHOT_STORE_URI"
 DATABASE_ENV = "TP_DATABASE_URL"
-# Where jobs that share no disk with the Dagster side hand over their run's files (run_files.py).
+# Where jobs that share no disk with the Dagster side hand over their run's files (runs/remote_files.py).
 RUN_STORE_ENV = "TP_RUN_STORE_URI"
 _PARENT = Path(__file__).resolve().parent.parent
 SOURCE_CHECKOUT: Path | None = _PARENT if (_PARENT / "pyproject.toml").is_file() else None

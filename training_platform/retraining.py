@@ -10,7 +10,7 @@ import hashlib
 from datetime import date, timedelta
 
 from training_platform.paths import PlatformHome
-from training_platform.runs import is_registered, register_run
+from training_platform.runs.specs import is_registered, register_run
 from training_platform.spec import TrainSpec, canonical_json, parse_spec
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from mlflow.utils import requirements_utils
 
-from training_platform.lineage import environment_lock
 from training_platform.registry.tracking import mlflow_pytorch
+from training_platform.runs.lineage import environment_lock
 
-# Keyed by each import directory's modification time (lineage.py): a distribution installed after the fork server
+# Keyed by each import directory's modification time (runs/lineage.py): a distribution installed after the fork server
 # started changes it, and a run then reads the environment anew.
 environment_lock()
 # Cached for the process's life, as in any process that registers a model: MLflow only warns from it.

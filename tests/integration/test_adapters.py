@@ -15,7 +15,7 @@ from training_platform.launch import JobState, standby
 from training_platform.launch.local import LocalLauncher
 from training_platform.paths import PlatformHome
 from training_platform.registry.script_evaluation import evaluate_script
-from training_platform.runlog import RunEvents
+from training_platform.runs.events import RunEvents
 from training_platform.spec import load_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_launches")]

@@ -15,7 +15,7 @@ from training_platform.checkpoints import open_store
 from training_platform.datasets import build_snapshot
 from training_platform.launch import JobState
 from training_platform.launch.local import LocalLauncher
-from training_platform.runlog import RunEvents
+from training_platform.runs.events import RunEvents
 from training_platform.spec import parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -21,8 +21,8 @@ from training_platform.cost import CostLedger, load_price_model
 from training_platform.datasets import build_snapshot
 from training_platform.paths import PlatformHome
 from training_platform.recovery.preemption import summarize
-from training_platform.runlog import RunEvents
-from training_platform.runs import register_run
+from training_platform.runs.events import RunEvents
+from training_platform.runs.specs import register_run
 from training_platform.spec import parse_spec
 
 pytestmark = pytest.mark.integration

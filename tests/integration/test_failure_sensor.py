@@ -6,7 +6,7 @@ import pytest
 from tests.fixtures.materialize import failure_requests, materialize_partition
 from training_platform.datasets import build_snapshot
 from training_platform.paths import PlatformHome
-from training_platform.runs import register_run
+from training_platform.runs.specs import register_run
 from training_platform.spec import parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_launches")]

@@ -13,8 +13,8 @@ from sensors.preemption import preemption_sensor
 from tests.fixtures.materialize import materialize_partition
 from training_platform.datasets import build_snapshot
 from training_platform.paths import PlatformHome
-from training_platform.runlog import RunEvents
-from training_platform.runs import read_result, register_run
+from training_platform.runs.events import RunEvents
+from training_platform.runs.specs import read_result, register_run
 from training_platform.spec import parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_launches")]

@@ -8,12 +8,12 @@ import yaml
 
 from tests.fixtures.platform import ROOT
 from tests.fixtures.worker import train
-from training_platform.attempts import finish_attempt
 from training_platform.checkpoints import open_store
 from training_platform.datasets import build_snapshot, load_manifest
 from training_platform.paths import PlatformHome
 from training_platform.registry.champion import ChampionNotMeasured, remeasure
 from training_platform.registry.script_evaluation import EvaluationError, evaluate_script
+from training_platform.runs.attempts import finish_attempt
 from training_platform.spec import load_spec, parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_launches")]

@@ -21,8 +21,8 @@ from tests.fixtures.materialize import (
 from tests.fixtures.worker import wait_until
 from training_platform.datasets import build_snapshot
 from training_platform.paths import PlatformHome
-from training_platform.runlog import RunEvents
-from training_platform.runs import read_result, register_run
+from training_platform.runs.events import RunEvents
+from training_platform.runs.specs import read_result, register_run
 from training_platform.spec import parse_spec
 from training_platform.submission import FOLLOW_TAG, LEFT_JOB_TAG, PARTITION_TAG
 

@@ -12,7 +12,7 @@ import yaml
 
 from tests.fixtures.materialize import materialize_partition, step_failure_message
 from training_platform.paths import PlatformHome
-from training_platform.runs import register_run
+from training_platform.runs.specs import register_run
 from training_platform.spec import parse_spec
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ from training_platform.datasets import build_snapshot
 from training_platform.launch import JobState, standby
 from training_platform.launch.local import LOG_FILE, LocalLauncher
 from training_platform.recovery.preemption import summarize
-from training_platform.runlog import RunEvents
+from training_platform.runs.events import RunEvents
 from training_platform.spec import CheckpointSpec, parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_launches")]

@@ -75,7 +75,7 @@ import importlib_metadata
 
 import training_platform_dagster.warm_caches
 from mlflow.utils import requirements_utils
-from training_platform.lineage import environment_lock
+from training_platform.runs.lineage import environment_lock
 
 # What a run's process, a fork of the fork server, would read again: nothing.
 reads = []

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from resources.live_run import LiveRun
 from training_platform.durable_checkpoint import DurableCheckpoint, newest_checkpoint
 from training_platform.launch.base import JobHandle
-from training_platform.runlog import RunEvents
+from training_platform.runs.events import RunEvents
 
 
 class _Publishing:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from importlib import metadata
 
-from training_platform.lineage import environment_lock
+from training_platform.runs.lineage import environment_lock
 
 
 def _install(site, name: str, version: str) -> None:

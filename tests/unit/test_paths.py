@@ -6,7 +6,7 @@ import pytest
 
 from training_platform.errors import SpecError
 from training_platform.paths import PlatformHome
-from training_platform.runs import load_run_spec, register_run
+from training_platform.runs.specs import load_run_spec, register_run
 from training_platform.spec import parse_spec
 from training_platform.sweeps.queue import SweepQueue
 

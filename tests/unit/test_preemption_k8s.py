@@ -70,8 +70,8 @@ def _wait(launcher: _Replay, tmp_path) -> str:
 
     from resources.launcher import LauncherResource
     from training_platform.launch.base import JobHandle, RunRequest
-    from training_platform.run_files import RunFilesPuller
-    from training_platform.runlog import RunEvents
+    from training_platform.runs.events import RunEvents
+    from training_platform.runs.remote_files import RunFilesPuller
 
     log = SimpleNamespace(warning=lambda *_: None, debug=lambda *_: None, info=lambda *_: None)
     request = RunRequest(spec=SPEC, run_id="resnet-0007", run_dir=tmp_path)

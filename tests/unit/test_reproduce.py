@@ -1,6 +1,6 @@
 """Comparing a reproduction with its original: exact, or a precise diff."""
 
-from training_platform.reproduce import compare, package_differences
+from training_platform.runs.reproduce import compare, package_differences
 
 
 def record(**changes):

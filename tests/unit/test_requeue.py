@@ -8,7 +8,7 @@ import pytest
 from training_platform.launch import JobHandle, JobState, JobStatus
 from training_platform.recovery.preemption import Progress, deadline_risk, fallback_reason, summarize
 from training_platform.recovery.requeue import follow_requeued
-from training_platform.runlog import MOVED_TO_ON_DEMAND, RunEvents
+from training_platform.runs.events import MOVED_TO_ON_DEMAND, RunEvents
 from training_platform.spec import parse_spec
 
 NOW = datetime(2026, 11, 23, 12, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""A run's files pushed by the job's side and pulled into the Dagster side's run directory (run_files.py)."""
+"""A run's files pushed by the job's side and pulled into the Dagster side's run directory (runs/remote_files.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from tests.fixtures.worker import wait_until
 from training_platform.checkpoints.storage import LocalStorage
 from training_platform.errors import SpecError
-from training_platform.run_files import RunFilesPusher, pull
-from training_platform.runlog import RunEvents
+from training_platform.runs.events import RunEvents
+from training_platform.runs.remote_files import RunFilesPusher, pull
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@ polls parses only what was added since it last looked."""
 
 from __future__ import annotations
 
-from training_platform import runlog
-from training_platform.runlog import RunEvents
+from training_platform.runs import events as runlog
+from training_platform.runs.events import RunEvents
 
 
 def test_reading_on_from_an_offset_leaves_a_half_written_line_for_later(tmp_path):

@@ -47,7 +47,7 @@ from training_platform.policy.team_policy import resolve_team
 from training_platform.redaction import redact
 from training_platform.retraining import days_between
 from training_platform.run_windows import RunWindowQueue, run_window, waits_for_window
-from training_platform.runs import new_run_id, spec_tags
+from training_platform.runs.specs import new_run_id, spec_tags
 from training_platform.shipped import DAILY_SPEC, DEMO_SPEC
 from training_platform.spec import BACKENDS, TrainSpec, load_spec, parse_spec
 from training_platform.sweeps import load_sweep

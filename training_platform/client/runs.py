@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from training_platform.client.graphql import ClientError, DagsterRun, PlatformClient
-from training_platform.runs import spec_tags
+from training_platform.runs.specs import spec_tags
 from training_platform.spec import TrainSpec
 from training_platform.submission import (
     LEFT_JOB_TAG,

@@ -1,4 +1,4 @@
-"""A run's attempts, read from its event log (runlog.py): when each held compute, how it ended, what it kept.
+"""A run's attempts, read from its event log (runs/events.py): when each held compute, how it ended, what it kept.
 
 An attempt is one start of the worker (a `started` event): the first launch, a requeue by the engine
 (Slurm --requeue, Kueue), a resume or retry run, a torchrun restart after a rank died. A job that
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from training_platform.runlog import MOVED_TO_ON_DEMAND
+from training_platform.runs.events import MOVED_TO_ON_DEMAND
 
 # How the orchestrator's `job_ended` states read as an attempt's outcome.
 OUTCOMES = {"SUCCEEDED": "succeeded", "PREEMPTED": "preempted", "FAILED": "failed", "CANCELLED": "cancelled"}

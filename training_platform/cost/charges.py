@@ -22,7 +22,7 @@ from training_platform.cost.accounting import open_ledger, summed
 from training_platform.cost.attempts import AttemptSpan, attempt_spans
 from training_platform.cost.prices import PriceModel, load_price_model
 from training_platform.cost.windows import window_cost
-from training_platform.runlog import RunEvents
+from training_platform.runs.events import RunEvents
 from training_platform.spec import TrainSpec, canonical_json
 
 

@@ -155,7 +155,7 @@ def keeps_preempted_jobs(launcher: Launcher) -> bool:
 
 def run_files_store(launcher: Launcher):
     """Where the launcher's jobs push their run's files, when they share no disk with the Dagster side (pods with
-    no shared home): the Dagster side pulls them into its run directory (run_files.py). None: a shared disk."""
+    no shared home): the Dagster side pulls them into its run directory (runs/remote_files.py). None: a shared disk."""
     return getattr(launcher, "run_store", None)
 
 

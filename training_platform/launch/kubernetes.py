@@ -48,7 +48,7 @@ class KubernetesLauncher:
 
     @property
     def run_store(self) -> Storage | None:
-        """Where the pods push their run's files for the Dagster side to pull (run_files.py); None with a shared
+        """Where the pods push their run's files for the Dagster side to pull (runs/remote_files.py); None with a shared
         home, where both sides read the same run directory."""
         if not self.config.pushes_run_files or not self.config.run_store_uri:
             return None

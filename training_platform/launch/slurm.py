@@ -44,7 +44,7 @@ from training_platform.launch.rendezvous import NODES
 from training_platform.launch.slurm_cluster import ClusterInfo, SlurmCommands, parse_records, parse_scontrol_record
 from training_platform.launch.slurm_nodes import last_attempt_log, nodes_lost_in, unresponsive_nodes
 from training_platform.launch.slurm_preemption import Need, RunningJob, choose_victims, running_jobs
-from training_platform.runlog import EVENTS_FILE, TIME_LIMIT, RunEvents
+from training_platform.runs.events import EVENTS_FILE, TIME_LIMIT, RunEvents
 from training_platform.spec import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -450,7 +450,7 @@ def render_sbatch(
         "job_state=$(job_field JobState); preempt_time=$(job_field PreemptTime)",
         "if [[ $job_state == RUNNING ]] &&"
         ' [[ -n $stop_cause || ( -n "$preempt_time" && "$preempt_time" != None ) ]]; then',
-        f"    if [[ $stop_cause == {TIME_LIMIT} ]]; then  # the run's event log: not a preemption (runlog.py)",
+        f"    if [[ $stop_cause == {TIME_LIMIT} ]]; then  # the run's event log: not a preemption (runs/events.py)",
         f'        printf \'{{"kind": "{TIME_LIMIT}", "at": %s, "job_id": "%s"}}\\n\''
         f' "$(date +%s.%N)" "$SLURM_JOB_ID" >> {shlex.quote(str(run_dir / EVENTS_FILE))}',
         "    fi",

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from training_platform.launch import frameworks
 from training_platform.launch.job_env import PREFIXES
-from training_platform.runlog import RunEvents
+from training_platform.runs.events import RunEvents
 
 # Set (by LocalLauncher, for spot runs) in a job's environment: its agent looks for a standby.
 STANDBY_ENV = "TP_WARM_STANDBY"

@@ -6,13 +6,13 @@ import json
 import logging
 from pathlib import Path
 
-from training_platform.attempts import RECORD_FILE
 from training_platform.checkpoints.store import open_storage
 from training_platform.errors import CheckpointError
 from training_platform.identifiers import contained
 from training_platform.lifecycle.settings import DEFAULT_STORE, LifecycleSettings
 from training_platform.paths import PlatformHome
-from training_platform.run_registry import open_run_registry
+from training_platform.runs.attempts import RECORD_FILE
+from training_platform.runs.registry import open_run_registry
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What preemptions cost a run, and what to do about the next one.
 
-Accounting reads the run's event log (see runlog.py). The policy reads like SkyPilot's
+Accounting reads the run's event log (see runs/events.py). The policy reads like SkyPilot's
 recovery strategies: each is a named decision with the sequence it tries.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from training_platform.launch.base import JobState, JobStatus
-from training_platform.runlog import NODE_FAILURE, TIME_LIMIT
+from training_platform.runs.events import NODE_FAILURE, TIME_LIMIT
 from training_platform.spec import TrainSpec
 from training_platform.telemetry.records import read_telemetry
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from training_platform.launch.base import JobHandle, JobState, JobStatus, Launcher
 from training_platform.recovery.preemption import deadline_risk, fallback_reason, progress_of, summarize
-from training_platform.runlog import MOVED_TO_ON_DEMAND, RunEvents
+from training_platform.runs.events import MOVED_TO_ON_DEMAND, RunEvents
 from training_platform.spec import TrainSpec
 
 WAITING = (JobState.REQUEUED, JobState.PREEMPTED)  # requeued by Slurm, evicted (suspended) by Kueue

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from training_platform.attempts import latest_record
 from training_platform.errors import CheckpointError, PlatformError
 from training_platform.paths import PlatformHome
 from training_platform.registry.evaluate import evaluate_checkpoint, find_checkpoint
+from training_platform.runs.attempts import latest_record
 from training_platform.spec import parse_spec
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from training_platform.lineage import LineageKey
 from training_platform.redaction import Redactor
+from training_platform.runs.lineage import LineageKey
 from training_platform.spec import GateSpec, TrainSpec
 
 CHAMPION_ALIAS = "champion"

@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from training_platform.cost.accounting import open_ledger, summed
 from training_platform.paths import PlatformHome
-from training_platform.runs import is_registered, read_result, register_run
+from training_platform.runs.specs import is_registered, read_result, register_run
 from training_platform.spec import TrainSpec
 from training_platform.sweeps.spec import SweepSpec
 from training_platform.sweeps.study import (

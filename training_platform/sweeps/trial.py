@@ -1,6 +1,6 @@
 """A trial's link to its sweep, on both sides of the launch.
 
-The orchestrator registers it with the trial's run (run_registry.py: beside the submitted spec);
+The orchestrator registers it with the trial's run (runs/registry.py: beside the submitted spec);
 the training_run asset turns it into worker environment variables and MLflow nesting tags; the
 worker's `TrialPruning` reports validation metrics into the study's RDB storage and asks the
 study's pruner whether to stop. Rank 0 alone talks to the storage; no Dagster on either side.
@@ -13,7 +13,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from training_platform.paths import PlatformHome
-from training_platform.run_registry import open_run_registry
+from training_platform.runs.registry import open_run_registry
 
 PRUNED_MARKER = "pruned.json"
 ENV_PREFIX = "TP_SWEEP_"

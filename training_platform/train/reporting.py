@@ -221,7 +221,7 @@ def _push_run_files(stack: contextlib.ExitStack, run_dir: Path | None, run_id: s
 
     if not os.environ.get(RUN_STORE_ENV) or run_dir is None or run_id is None:
         return None  # a shared disk: nothing to push (and run_files' imports are not paid for)
-    from training_platform.run_files import ATTEMPT_ENV, PIPES_MESSAGES_FILE, RunFilesPusher, run_store_from_env
+    from training_platform.runs.remote_files import ATTEMPT_ENV, PIPES_MESSAGES_FILE, RunFilesPusher, run_store_from_env
 
     storage = run_store_from_env()
     pusher = RunFilesPusher(storage, run_id, run_dir, os.environ.get(ATTEMPT_ENV) or "unattributed").start()

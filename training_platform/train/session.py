@@ -43,7 +43,7 @@ from training_platform.checkpoints import CheckpointCadence, CheckpointManifest,
 from training_platform.checkpoints.interval import FIRST_AUTO_STEPS, ON_DEMAND_MTBF_SECONDS, SPOT_MTBF_SECONDS
 from training_platform.launch.base import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER, RESULT_FILE
 from training_platform.paths import PlatformHome
-from training_platform.runlog import RunEvents
+from training_platform.runs.events import RunEvents
 from training_platform.spec import TrainSpec, parse_spec
 from training_platform.telemetry.worker import WorkerTelemetry
 from training_platform.train import distributed, spot_notice

@@ -21,9 +21,9 @@ from training_platform.datasets import build_snapshot
 from training_platform.launch import RunRequest
 from training_platform.launch.local import LocalLauncher
 from training_platform.paths import RUN_STORE_ENV, PlatformHome
-from training_platform.run_files import PIPES_MESSAGES_FILE
-from training_platform.runlog import RunEvents
-from training_platform.runs import register_run
+from training_platform.runs.events import RunEvents
+from training_platform.runs.remote_files import PIPES_MESSAGES_FILE
+from training_platform.runs.specs import register_run
 from training_platform.spec import parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -17,7 +17,7 @@ from training_platform.errors import LaunchError
 from training_platform.launch import JobState
 from training_platform.launch.base import RunRequest
 from training_platform.launch.slurm import SlurmConfig, SlurmLauncher
-from training_platform.runlog import RunEvents
+from training_platform.runs.events import RunEvents
 from training_platform.spec import parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]

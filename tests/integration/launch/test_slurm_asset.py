@@ -15,8 +15,8 @@ from tests.fixtures.worker import wait_until
 from tests.integration.server.runs import paced_entrypoint
 from training_platform.datasets import build_snapshot
 from training_platform.paths import PlatformHome
-from training_platform.runlog import RunEvents
-from training_platform.runs import read_result, register_run
+from training_platform.runs.events import RunEvents
+from training_platform.runs.specs import read_result, register_run
 from training_platform.spec import parse_spec
 
 SLURM_WAIT_SECONDS = 240  # a preemption and requeue through slurmctld's scheduling cycle

@@ -20,7 +20,7 @@ from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import JobHandle, JobState, JobStatus, RunRequest
 from training_platform.launch.slurm import SlurmConfig, SlurmLauncher
 from training_platform.recovery.preemption import summarize
-from training_platform.runlog import TIME_LIMIT, RunEvents
+from training_platform.runs.events import TIME_LIMIT, RunEvents
 from training_platform.spec import parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]

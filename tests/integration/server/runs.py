@@ -9,7 +9,7 @@ import yaml
 
 from tests.fixtures.platform import ROOT, TP_POLL_S, Platform, last_json
 from tests.fixtures.worker import wait_until
-from training_platform.runlog import RunEvents
+from training_platform.runs.events import RunEvents
 
 PACED_SCRIPT = ROOT / "tests" / "fixtures" / "paced_train.py"
 """A script whose steps take wall time, not CPU (its docstring): for a run that must last while a test acts on it."""

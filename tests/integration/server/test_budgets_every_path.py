@@ -17,7 +17,7 @@ from training_platform.client.runs import wait_for
 from training_platform.cost.accounting import open_ledger
 from training_platform.datasets import build_snapshot
 from training_platform.policy.teams import TEAMS_ENV
-from training_platform.runs import spec_tags
+from training_platform.runs.specs import spec_tags
 from training_platform.spec import parse_spec
 from training_platform.submission import PARTITION_TAG, RESUME_TAG, TRAINING_JOB, training_run_config
 

@@ -23,7 +23,7 @@ from tests.integration.server.runs import PACED_SCRIPT, write_spec
 from training_platform.client import PlatformClient
 from training_platform.client.runs import submit_training
 from training_platform.datasets import build_snapshot
-from training_platform.runs import new_run_id
+from training_platform.runs.specs import new_run_id
 from training_platform.server import SHIPPED_INSTANCE
 from training_platform.spec import load_spec
 

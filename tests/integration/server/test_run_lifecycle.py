@@ -33,8 +33,8 @@ from tests.integration.server.runs import (
 from training_platform.client import PlatformClient
 from training_platform.client.runs import wait_for
 from training_platform.launch import standby
-from training_platform.runlog import RunEvents
-from training_platform.runs import new_run_id
+from training_platform.runs.events import RunEvents
+from training_platform.runs.specs import new_run_id
 from training_platform.spec import load_spec
 from training_platform.submission import PARTITION_TAG, TRAINING_JOB, training_run_config
 

@@ -341,7 +341,7 @@ def test_tracking_server_and_s3_down_30_s_while_a_run_trains_and_checkpoints(sta
     from mlflow.tracking import MlflowClient
 
     from training_platform.checkpoints.store import open_store
-    from training_platform.runlog import RunEvents
+    from training_platform.runs.events import RunEvents
 
     pace = tmp_path / "paced"
     pace.touch()

@@ -20,7 +20,7 @@ from resources.platform import PlatformResource
 from sensors.alerts import alert_sensor
 from training_platform.datasets import build_snapshot
 from training_platform.paths import PlatformHome
-from training_platform.runs import register_run
+from training_platform.runs.specs import register_run
 from training_platform.spec import parse_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

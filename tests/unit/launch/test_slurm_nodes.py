@@ -12,8 +12,8 @@ from training_platform.launch.base import JobHandle, JobState, JobStatus, RunReq
 from training_platform.launch.slurm import SlurmConfig, SlurmLauncher
 from training_platform.launch.slurm_cluster import SlurmCommands
 from training_platform.launch.slurm_nodes import last_attempt_log, nodes_lost_in, unresponsive_nodes
-from training_platform.run_files import RunFilesPuller
-from training_platform.runlog import RunEvents
+from training_platform.runs.events import RunEvents
+from training_platform.runs.remote_files import RunFilesPuller
 from training_platform.spec import parse_spec
 
 RUNNING_JOB = (

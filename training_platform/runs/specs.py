@@ -1,6 +1,6 @@
 """The run registry: the spec each run (Dagster partition) was created with.
 
-A partition key alone is enough to re-run or reproduce a run: its spec is here (run_registry.py says where).
+A partition key alone is enough to re-run or reproduce a run: its spec is here (runs/registry.py says where).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from training_platform.errors import SpecError
 from training_platform.identifiers import check_run_id
 from training_platform.launch.base import RESULT_FILE
 from training_platform.paths import PlatformHome
-from training_platform.run_registry import open_run_registry
+from training_platform.runs.registry import open_run_registry
 from training_platform.spec import TrainSpec, parse_spec
 from training_platform.submission import OWN_CODE_ASSETS, OWN_CODE_TAG, assets_for
 

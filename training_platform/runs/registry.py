@@ -42,7 +42,7 @@ class RunRegistry(ABC):
 def open_run_registry(home: PlatformHome) -> RunRegistry:
     """The deployment's registry: the platform's database when ``TP_DATABASE_URL`` names one, else the home."""
     if url := database_url():
-        from training_platform.run_registry_db import DatabaseRunRegistry  # SQLAlchemy only when asked for
+        from training_platform.runs.registry_db import DatabaseRunRegistry  # SQLAlchemy only when asked for
 
         return DatabaseRunRegistry(url)
     return FileRunRegistry(home)

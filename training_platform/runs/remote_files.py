@@ -32,7 +32,7 @@ from training_platform.errors import CheckpointError
 from training_platform.identifiers import RUN_ID, check_run_id
 from training_platform.launch.base import PREEMPTED_MARKER, RESULT_FILE
 from training_platform.paths import RUN_STORE_ENV
-from training_platform.runlog import EVENTS_FILE
+from training_platform.runs.events import EVENTS_FILE
 from training_platform.state.documents import file_lock
 from training_platform.sweeps.trial import PRUNED_MARKER
 from training_platform.telemetry.records import TELEMETRY_FILE

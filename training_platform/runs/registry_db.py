@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from training_platform.errors import SharedStateError
 from training_platform.identifiers import check_run_id
-from training_platform.run_registry import RunRegistry
+from training_platform.runs.registry import RunRegistry
 from training_platform.state.database import connect, described, shared_state_failures
 
 _METADATA = sa.MetaData()
