@@ -8,7 +8,8 @@ round trip) and reconnects when it is dead, as after a PostgreSQL restart. A con
 never handed out in the child. The webserver keeps Dagster's own pool (`optimize_for_webserver`), with pre-ping
 too: without it `tp` saw "server closed the connection unexpectedly" once per storage after every restart.
 
-`tp server start` names these classes in dagster.yaml when TP_DAGSTER_DATABASE_URL is set (server.py).
+`tp server start` names these classes in dagster.yaml when TP_DAGSTER_DATABASE_URL is set
+(training_platform/server/local.py).
 """
 
 from __future__ import annotations

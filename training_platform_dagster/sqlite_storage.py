@@ -11,8 +11,9 @@ Here each process keeps an engine per database file, with one connection kept op
 once get them, closed on return, as under Dagster's NullPool). The event log is a file per run and an index: the
 index and the KEPT_RUN_FILES run files used last stay open. A connection opened before a fork is never used in the
 child: the child opens its own (the code server forks its runs). Same files, same schema: `tp server start` names
-these classes in the instance config (server.py) in place of Dagster's default SQLite storage, over the same
-directories (`history/runs.db`, `history/runs/`, `schedules/schedules.db` under the Dagster home).
+these classes in the instance config (training_platform/server/local.py) in place of Dagster's default SQLite
+storage, over the same directories (`history/runs.db`, `history/runs/`, `schedules/schedules.db` under the Dagster
+home).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The code server's fork server imports what a run's process needs before its first run: the instance's classes."""
 
-from training_platform.server import DATABASE_ENV, instance_config
+from training_platform.server.local import DATABASE_ENV, instance_config
 from training_platform_dagster.code_server import instance_modules
 
 

@@ -5,7 +5,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from training_platform.server import DATABASE_ENV, ServerError, instance_config
+from training_platform.server.local import DATABASE_ENV, ServerError, instance_config
 from training_platform.shipped import INSTANCE_CONFIG
 
 

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from training_platform import process_start
-from training_platform.server import ServerProcess
+from training_platform.server.local import ServerProcess
 
 
 @pytest.fixture

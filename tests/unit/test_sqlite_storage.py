@@ -12,7 +12,7 @@ import sqlalchemy
 from dagster._core.scheduler.instigation import InstigatorType
 from dagster._core.storage.event_log import SqliteEventLogStorage
 
-from training_platform.server import DATABASE_ENV, instance_config
+from training_platform.server.local import DATABASE_ENV, instance_config
 from training_platform.shipped import INSTANCE_CONFIG
 from training_platform_dagster.sqlite_storage import KEPT_RUN_FILES, EventLogStorage, RunStorage, ScheduleStorage
 

@@ -13,7 +13,7 @@ from training_platform.cli.common import JsonFlag, console, fail, home, say
 from training_platform.client import PlatformClient
 from training_platform.client.graphql import IN_PROGRESS
 from training_platform.errors import PlatformError
-from training_platform.server import COMPONENTS, LocalServer
+from training_platform.server.local import COMPONENTS, LocalServer
 
 server_app = typer.Typer(no_args_is_help=True, help="Run the platform server (Dagster webserver, daemon, code server).")
 STOP_RUNS_WAIT_S = 60.0

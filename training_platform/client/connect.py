@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from training_platform.client.graphql import PlatformClient
 from training_platform.paths import PlatformHome
-from training_platform.server import LocalServer, ServerError, location_problem
+from training_platform.server.local import LocalServer, ServerError, location_problem
 
 SERVER_URL_ENV = "TP_SERVER_URL"
 

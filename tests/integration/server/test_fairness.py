@@ -24,7 +24,7 @@ from training_platform.client import PlatformClient
 from training_platform.client.runs import submit_training
 from training_platform.datasets import build_snapshot
 from training_platform.runs.specs import new_run_id
-from training_platform.server import SHIPPED_INSTANCE
+from training_platform.server.local import SHIPPED_INSTANCE
 from training_platform.spec import load_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]

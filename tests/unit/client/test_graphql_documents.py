@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from graphql import parse, validate
 
-from training_platform import server
 from training_platform.client import graphql
+from training_platform.server import local as server
 
 DOCUMENTS = {
     f"{module.__name__}.{name}": value
