@@ -1,5 +1,5 @@
 """What users and schedulers see of a run while it trains: its progress as run tags, the worker's log on the
-run's stdout, and its last durable checkpoint on the job itself (durable_checkpoint.py).
+run's stdout, and its last durable checkpoint on the job itself (checkpoints/durable.py).
 
 The tags (`tp/step`, `tp/max_steps`, `tp/metrics`, `tp/cost_usd`) show in the UI's run list and let
 `tp train`, `tp runs` and `tp logs` follow a run through the server's API alone. The worker's log
@@ -14,7 +14,7 @@ import time
 
 import dagster as dg
 
-from training_platform.durable_checkpoint import DurableCheckpoint, newest_checkpoint
+from training_platform.checkpoints.durable import DurableCheckpoint, newest_checkpoint
 from training_platform.launch import JobHandle, Launcher
 from training_platform.runs.events import RunEvents
 from training_platform.telemetry.records import read_telemetry
@@ -23,7 +23,7 @@ from training_platform.telemetry.records import read_telemetry
 NOT_SHOWN = {"step_time_s", "samples_per_s", "tokens_per_s", "data_wait_s", "data_wait_fraction", "epoch", "mfu"}
 TAGS_EVERY_S = 2.0  # a run-storage write each; the UI and `tp` poll about once a second
 LOG_EVERY_S = 3.0  # Slurm and Kubernetes logs are read whole (scontrol, the API): not every poll
-CHECKPOINT_REFRESH_S = 60.0  # a Job's `-checkpointed` class lapses as its save grows old (durable_checkpoint.py)
+CHECKPOINT_REFRESH_S = 60.0  # a Job's `-checkpointed` class lapses as its save grows old (checkpoints/durable.py)
 
 
 class LiveRun:

@@ -31,7 +31,7 @@ from resources.platform import PlatformResource
 from sensors.schedule_switch import default_schedule_status
 from training_platform.datasets.daily import is_dated_source, list_drops
 from training_platform.errors import PlatformError
-from training_platform.retraining import register_day_run
+from training_platform.runs.retraining import register_day_run
 from training_platform.runs.specs import load_run_spec, register_submitted, spec_from_json, spec_tags
 from training_platform.shipped import DAILY_SPEC
 from training_platform.spec import TrainSpec, load_spec

@@ -7,8 +7,8 @@ import dagster as dg
 
 from assets.jobs import run_asset_keys
 from sensors.schedule_switch import default_schedule_status
+from training_platform.cost.run_windows import RunWindowQueue
 from training_platform.paths import PlatformHome
-from training_platform.run_windows import RunWindowQueue
 from training_platform.runs.specs import queue_tags
 from training_platform.submission import PARTITION_TAG, TRAINING_JOB, training_run_config
 from training_platform.sweeps import SweepQueue

@@ -27,7 +27,7 @@ from training_platform.datasets import build_snapshot, load_manifest
 from training_platform.datasets.daily import default_landing, seed_landing
 from training_platform.errors import SpecError
 from training_platform.paths import PlatformHome
-from training_platform.retraining import register_day_run
+from training_platform.runs.retraining import register_day_run
 from training_platform.runs.specs import load_run_spec, register_run
 from training_platform.spec import parse_spec
 from training_platform.submission import THEN_TRAIN_TAG, snapshot_run_config

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from training_platform.cost.run_windows import RunWindowQueue
 from training_platform.cost.windows import CostWindow
 from training_platform.errors import SharedStateError, SpecError
-from training_platform.run_windows import RunWindowQueue
 from training_platform.spec import parse_spec
 from training_platform.state.documents import FileDocuments, open_documents
 from training_platform.state.documents_db import DatabaseDocuments

@@ -1,11 +1,11 @@
-"""Each new durable checkpoint of a running job is published on the job (durable_checkpoint.py, LiveRun)."""
+"""Each new durable checkpoint of a running job is published on the job (checkpoints/durable.py, LiveRun)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from resources.live_run import LiveRun
-from training_platform.durable_checkpoint import DurableCheckpoint, newest_checkpoint
+from training_platform.checkpoints.durable import DurableCheckpoint, newest_checkpoint
 from training_platform.launch.base import JobHandle
 from training_platform.runs.events import RunEvents
 

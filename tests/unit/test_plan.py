@@ -7,8 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from training_platform.hardware import GPUS, gpu_for_device_name
-from training_platform.plan import (
+from training_platform.cost.plan import (
     GIB,
     USABLE_FRACTION,
     estimate,
@@ -17,6 +16,7 @@ from training_platform.plan import (
     plan_spec,
     transformer_activation_bytes,
 )
+from training_platform.hardware import GPUS, gpu_for_device_name
 from training_platform.spec import GPU_TYPES, parse_spec
 
 PSI = 7.5e9  # the ZeRO paper's 7.5B-parameter example on 64 GPUs

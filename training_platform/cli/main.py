@@ -37,6 +37,7 @@ from training_platform.client.runs import submit_snapshot, submit_training, summ
 from training_platform.client.sweeps import follow_sweep, submit_sweep
 from training_platform.cost import check_budget, check_run_budget, estimate_run
 from training_platform.cost.budgets import sweep_estimate_usd
+from training_platform.cost.run_windows import RunWindowQueue, run_window, waits_for_window
 from training_platform.cost.windows import CostWindow
 from training_platform.errors import PlatformError, SpecError
 from training_platform.launch import RunRequest
@@ -45,8 +46,7 @@ from training_platform.paths import PlatformHome
 from training_platform.policy.preflight import check_own_files, preflight
 from training_platform.policy.team_policy import resolve_team
 from training_platform.redaction import redact
-from training_platform.retraining import days_between
-from training_platform.run_windows import RunWindowQueue, run_window, waits_for_window
+from training_platform.runs.retraining import days_between
 from training_platform.runs.specs import new_run_id, spec_tags
 from training_platform.shipped import DAILY_SPEC, DEMO_SPEC
 from training_platform.spec import BACKENDS, TrainSpec, load_spec, parse_spec
@@ -407,8 +407,8 @@ def plan(
     as_json: JsonFlag = False,
 ) -> None:
     """Estimate memory per GPU for a spec and recommend a GPU type and count."""
+    from training_platform.cost.plan import GIB, model_shape, plan_spec
     from training_platform.datasets import load_manifest
-    from training_platform.plan import GIB, model_shape, plan_spec
 
     try:
         spec = load_spec(spec_path)

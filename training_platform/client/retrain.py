@@ -15,7 +15,7 @@ from typing import Any
 
 from training_platform.client.graphql import PlatformClient
 from training_platform.client.runs import Progress, follow
-from training_platform.retraining import day_run_id, lineage_digest
+from training_platform.runs.retraining import day_run_id, lineage_digest
 from training_platform.runs.specs import spec_tags
 from training_platform.spec import TrainSpec
 from training_platform.submission import BACKFILL_TAG, PARTITION_TAG, SERIAL_TAG, snapshot_run_config

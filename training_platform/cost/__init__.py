@@ -1,4 +1,5 @@
-"""Cost: the GPU price model, cost windows, per-run accounting, team budgets and rent-versus-own."""
+"""Cost: the GPU price model, cost windows (for runs too: run_windows.py), per-run accounting, team budgets,
+right-sizing (plan.py) and rent-versus-own."""
 
 from training_platform.cost.accounting import CostLedger, RunCost, month_start, run_cost
 from training_platform.cost.breakeven import Breakeven, OwnershipCase, breakeven

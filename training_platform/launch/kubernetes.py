@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
+from training_platform.checkpoints.durable import PRIORITY_CLASS_LABEL, DurableCheckpoint
 from training_platform.checkpoints.storage import Storage, open_storage
-from training_platform.durable_checkpoint import PRIORITY_CLASS_LABEL, DurableCheckpoint
 from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import JobHandle, JobStatus, LaunchPlan, RunRequest
 from training_platform.launch.k8s_manifests import (
@@ -214,7 +214,7 @@ class KubernetesLauncher:
 
     def publish_checkpoint(self, handle: JobHandle, checkpoint: DurableCheckpoint) -> None:
         """The Job's annotations name its last durable checkpoint, and its priority class is its `-checkpointed`
-        twin while that checkpoint is fresh: among equals, Kueue then preempts it first (durable_checkpoint.py)."""
+        twin while that checkpoint is fresh: among equals, Kueue then preempts it first (checkpoints/durable.py)."""
         _, batch, _ = self._apis()
         namespace, name = handle.job_id.split("/", 1)
         job = self._client().sanitize_for_serialization(self._call("read the Job", batch.read_namespaced_job, name,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from training_platform.durable_checkpoint import DurableCheckpoint
+from training_platform.checkpoints.durable import DurableCheckpoint
 from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import (
     AGENT_MODULE,

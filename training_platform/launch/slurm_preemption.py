@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from training_platform.durable_checkpoint import DurableCheckpoint
+from training_platform.checkpoints.durable import DurableCheckpoint
 from training_platform.launch.slurm_cluster import ClusterInfo, Node, gpus_in_gres, int_field
 
 JOB_NAME_PREFIX = "tp-"  # render_sbatch names every job tp-<run_id>

@@ -8,4 +8,5 @@
 - `lineage.py`: the lineage key, what a run was made from.
 - `following.py`: which Dagster run follows a run's job, and whether it is still there to follow it.
 - `remote_files.py`: a run's files through object storage, for jobs that share no disk with the Dagster side.
+- `retraining.py`: retraining by day, one run per spec and day (`<spec name>-<YYYY-MM-DD>`).
 """

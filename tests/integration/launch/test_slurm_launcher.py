@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from training_platform.durable_checkpoint import DurableCheckpoint
+from training_platform.checkpoints.durable import DurableCheckpoint
 from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import JobHandle, JobState, JobStatus, RunRequest
 from training_platform.launch.slurm import SlurmConfig, SlurmLauncher

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from training_platform.durable_checkpoint import CHECKPOINTED_SUFFIX
+from training_platform.checkpoints.durable import CHECKPOINTED_SUFFIX
 from training_platform.launch.base import AGENT_MODULE, RunRequest
 from training_platform.launch.k8s_manifests import KubernetesConfig
 from training_platform.launch.kubernetes import KubernetesLauncher

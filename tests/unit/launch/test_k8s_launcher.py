@@ -211,7 +211,7 @@ def test_a_users_script_reaches_the_pod_inside_its_specs_configmap(monkeypatch, 
 def test_a_jobs_last_durable_checkpoint_is_annotated_on_it_and_while_fresh_lowers_its_priority(monkeypatch):
     import time as clock
 
-    from training_platform.durable_checkpoint import DurableCheckpoint
+    from training_platform.checkpoints.durable import DurableCheckpoint
 
     job = {"metadata": {"name": "tp-resnet-7-a1b2c3", "labels": {"kueue.x-k8s.io/priority-class": "training-normal"}}}
     batch = FakeBatch(job=job)

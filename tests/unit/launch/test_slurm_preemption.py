@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from training_platform.durable_checkpoint import DurableCheckpoint
+from training_platform.checkpoints.durable import DurableCheckpoint
 from training_platform.launch.slurm_cluster import ClusterInfo, Node, Partition, parse_records
 from training_platform.launch.slurm_preemption import Need, RunningJob, choose_victims, running_jobs
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from sensors.sweep_windows import run_window_schedule, sweep_window_schedule
-from training_platform.run_windows import RunWindowQueue, run_window
-from training_platform.run_windows import waits_for_window as run_waits_for_window
+from training_platform.cost.run_windows import RunWindowQueue, run_window
+from training_platform.cost.run_windows import waits_for_window as run_waits_for_window
 from training_platform.spec import parse_spec
 from training_platform.sweeps import SweepQueue, parse_sweep
 from training_platform.sweeps.queue import sweep_window, waits_for_window
