@@ -12,7 +12,7 @@ from training_platform.registry.evaluate import evaluate_checkpoint, find_checkp
 from training_platform.registry.script_evaluation import evaluate_script
 from training_platform.registry.tracking import metric_tag
 from training_platform.spec import parse_spec
-from training_platform.state.documents import shared_lock
+from training_platform.state.backends import shared_lock
 
 
 @dg.asset(

@@ -13,7 +13,8 @@ from training_platform.cost.run_windows import RunWindowQueue
 from training_platform.cost.windows import CostWindow
 from training_platform.errors import SharedStateError, SpecError
 from training_platform.spec import parse_spec
-from training_platform.state.documents import FileDocuments, open_documents
+from training_platform.state.backends import open_documents
+from training_platform.state.documents import FileDocuments
 from training_platform.state.documents_db import DatabaseDocuments
 from training_platform.sweeps import parse_sweep
 from training_platform.sweeps.queue import SweepQueue
@@ -111,7 +112,7 @@ def test_an_unreachable_database_is_named_without_its_password(tmp_path, monkeyp
 
 
 def test_a_shared_lock_takes_any_key(home_root):
-    from training_platform.state.documents import shared_lock
+    from training_platform.state.backends import shared_lock
 
     with shared_lock(home_root, "registry", "vision/digits classifier: v2"):
         pass  # a model's name is any text; the lock is named by its hash

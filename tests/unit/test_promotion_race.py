@@ -9,7 +9,7 @@ from pathlib import Path
 
 from training_platform.registry.tracking import CHAMPION_ALIAS, promote, promotion_gate
 from training_platform.spec import GateSpec
-from training_platform.state.documents import shared_lock
+from training_platform.state.backends import shared_lock
 
 ACCURACIES = [0.90, 0.95, 0.93, 0.91]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from training_platform.cost.windows import CostWindow, cost_window_for
 from training_platform.spec import TrainSpec, parse_spec
-from training_platform.state.documents import open_documents
+from training_platform.state.backends import open_documents
 
 WINDOWS_DIR = "windows"
 

@@ -1,17 +1,17 @@
 """Small named JSON records the platform's parts share (the sweeps waiting for or running in their cost window,
 the runs waiting for theirs), and the locks they take.
 
-On the embedded default each record is a file of the home (`<directory>/<name>.json`). On a team's deployment
-(``TP_DATABASE_URL``) the webserver, the daemon and the code server may be different machines or pods, and a
-record one of them writes must be read by the others: there each record is a row of `tp_documents`, keyed by
-its kind and name. Either way a record is replaced whole, never seen half-written.
+On the embedded default each record is a file of the home (`<directory>/<name>.json`): `FileDocuments`, here. On a
+team's deployment (``TP_DATABASE_URL``) the webserver, the daemon and the code server may be different machines or
+pods, and a record one of them writes must be read by the others: there each record is a row of `tp_documents`,
+keyed by its kind and name (documents_db.py). Either way a record is replaced whole, never seen half-written.
+Which of the two a deployment uses is chosen above both, in backends.py (`open_documents`, `shared_lock`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 from abc import ABC, abstractmethod
@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from training_platform.identifiers import check_run_id, contained
-from training_platform.paths import database_url
 
 
 class Documents(ABC):
@@ -47,23 +46,6 @@ class Documents(ABC):
     @abstractmethod
     def where(self, name: str) -> str:
         """Where the record is, as a message may name it."""
-
-
-def open_documents(home_root: Path, kind: str, directory: str) -> Documents:
-    """The deployment's records of `kind`: the platform's database when ``TP_DATABASE_URL`` names one, else the
-    JSON files of `directory` under the home."""
-    if url := database_url():
-        from training_platform.state.documents_db import DatabaseDocuments  # SQLAlchemy only when asked for
-
-        return DatabaseDocuments(url, kind, lock_dir=Path(home_root) / "locks")
-    return FileDocuments(Path(home_root) / directory, kind)
-
-
-def shared_lock(home_root: Path, kind: str, key: str) -> contextlib.AbstractContextManager[None]:
-    """A lock on `key` (any text: a model's name) that every process of the deployment respects: a file lock in the
-    home's `locks/`, or with ``TP_DATABASE_URL`` one the database holds for every machine."""
-    name = f"{kind}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-    return open_documents(home_root, kind, "locks").locked(name)
 
 
 class FileDocuments(Documents):

@@ -18,7 +18,7 @@ from typing import Any
 
 from training_platform.cost.windows import CostWindow, cost_window_for
 from training_platform.errors import SpecError
-from training_platform.state.documents import open_documents
+from training_platform.state.backends import open_documents
 from training_platform.sweeps.spec import SweepSpec, parse_sweep
 
 
