@@ -13,7 +13,8 @@ from training_platform.errors import SharedStateError, SpecError
 from training_platform.lifecycle.settings import LifecycleSettings
 from training_platform.lifecycle.stores import home_store_uris
 from training_platform.paths import PlatformHome
-from training_platform.runs.registry import FileRunRegistry, open_run_registry
+from training_platform.runs.backends import open_run_registry
+from training_platform.runs.registry import FileRunRegistry
 from training_platform.runs.registry_db import DatabaseRunRegistry
 from training_platform.runs.specs import is_registered, load_run_spec, register_run, register_submitted
 from training_platform.spec import parse_spec

@@ -12,7 +12,7 @@ from training_platform.identifiers import contained
 from training_platform.lifecycle.settings import DEFAULT_STORE, LifecycleSettings
 from training_platform.paths import PlatformHome
 from training_platform.runs.attempts import RECORD_FILE
-from training_platform.runs.registry import open_run_registry
+from training_platform.runs.backends import open_run_registry
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """A training run as the platform keeps it: its spec, its events, its attempts, where it came from.
 
 - `specs.py`: the spec each run (a Dagster partition) was created with, its run id and queue tags;
-  `registry.py` keeps them (a file per run in the home) and `registry_db.py` as a table of the platform's database.
+  `registry.py` keeps them (a file per run in the home) and `registry_db.py` as a table of the platform's database;
+  `backends.py` chooses between the two (`open_run_registry`).
 - `events.py`: a run's event log, one JSON object per line in its run directory, appended by rank 0.
 - `attempts.py`: resuming an unfinished attempt, or reproducing a finished one; `reproduce.py` compares a
   reproduction with the run it reproduces.

@@ -3,7 +3,8 @@
 On one machine a run's spec is `runs/<id>/submitted_spec.json` in the home. On a team's deployment
 (``TP_DATABASE_URL``) the webserver, the daemon and every run worker may be different machines or pods,
 and each must read the spec a run was created with from its id alone: there it is a row of `tp_runs`.
-Either way a run's spec is written once: a second registration finds the first.
+Either way a run's spec is written once: a second registration finds the first. This module holds the interface and
+the file registry, registry_db.py the database one; backends.py chooses between them (`open_run_registry`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import tempfile
 from abc import ABC, abstractmethod
 
-from training_platform.paths import PlatformHome, database_url
+from training_platform.paths import PlatformHome
 
 SUBMITTED_SPEC = "submitted_spec.json"
 TRIAL_FILE = "sweep_trial.json"
@@ -37,15 +38,6 @@ class RunRegistry(ABC):
     @abstractmethod
     def specs(self) -> dict[str, str]:
         """Every registered run's spec, by run id."""
-
-
-def open_run_registry(home: PlatformHome) -> RunRegistry:
-    """The deployment's registry: the platform's database when ``TP_DATABASE_URL`` names one, else the home."""
-    if url := database_url():
-        from training_platform.runs.registry_db import DatabaseRunRegistry  # SQLAlchemy only when asked for
-
-        return DatabaseRunRegistry(url)
-    return FileRunRegistry(home)
 
 
 class FileRunRegistry(RunRegistry):

@@ -14,7 +14,7 @@ from training_platform.errors import SpecError
 from training_platform.identifiers import check_run_id
 from training_platform.launch.base import RESULT_FILE
 from training_platform.paths import PlatformHome
-from training_platform.runs.registry import open_run_registry
+from training_platform.runs.backends import open_run_registry
 from training_platform.spec import TrainSpec, parse_spec
 from training_platform.submission import OWN_CODE_ASSETS, OWN_CODE_TAG, assets_for
 

@@ -13,7 +13,7 @@ import os
 from dataclasses import asdict, dataclass
 
 from training_platform.paths import PlatformHome
-from training_platform.runs.registry import open_run_registry
+from training_platform.runs.backends import open_run_registry
 
 PRUNED_MARKER = "pruned.json"
 ENV_PREFIX = "TP_SWEEP_"

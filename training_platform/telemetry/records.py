@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from training_platform.paths import PlatformHome
-from training_platform.runs.registry import open_run_registry
+from training_platform.runs.backends import open_run_registry
 
 TELEMETRY_FILE = "telemetry.json"
 FINISHED = ("SUCCEEDED", "FAILED", "CANCELED", "PREEMPTED")
