@@ -10,10 +10,9 @@ from pydantic import Field
 from assets.partitions import training_runs
 from resources.launcher import LauncherResource
 from resources.platform import PlatformResource
-from training_platform.cost.accounting import record_storage_cost
 from training_platform.cost.attempts import resume_step
 from training_platform.cost.budgets import check_run_budget
-from training_platform.cost.charges import run_money, settle
+from training_platform.cost.charges import record_storage_cost, run_money, settle
 from training_platform.errors import PlatformError, SpecError
 from training_platform.launch import JobState, RunRequest
 from training_platform.policy.preflight import preflight

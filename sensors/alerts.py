@@ -17,7 +17,7 @@ import dagster as dg
 
 from resources.alerts import AlertsResource
 from resources.platform import PlatformResource
-from training_platform.cost.accounting import open_ledger
+from training_platform.cost.backends import open_ledger
 from training_platform.paths import PlatformHome
 from training_platform.runs.specs import is_registered
 from training_platform.submission import PARTITION_TAG

@@ -22,8 +22,8 @@ import dagster as dg
 from assets.jobs import run_asset_keys, training_pipeline
 from resources.launcher import LauncherResource, follower_gone
 from resources.platform import PlatformResource
-from training_platform.cost.accounting import open_ledger
 from training_platform.cost.attempts import attempt_spans
+from training_platform.cost.backends import open_ledger
 from training_platform.cost.charges import attempt_key, settle_spans
 from training_platform.errors import PlatformError
 from training_platform.launch import JobState, JobStatus

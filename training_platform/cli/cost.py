@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from training_platform.cost.accounting import month_start, open_ledger
+from training_platform.cost.accounting import month_start
+from training_platform.cost.backends import open_ledger
 from training_platform.cost.breakeven import OwnershipCase, breakeven
 from training_platform.cost.prices import CostError, load_price_model
 from training_platform.cost.windows import cost_window_for

@@ -1,6 +1,6 @@
 """What a run cost: compute by capacity type, checkpoint storage, data transfer, and work lost to preemptions.
 
-The cost ledger (``$TP_HOME/cost/ledger.jsonl``, or a table of the platform's database: open_ledger) holds
+The cost ledger (``$TP_HOME/cost/ledger.jsonl``, or a table of the platform's database: backends.py) holds
 one row per attempt of every run (charges.py: wall time x price, whatever the attempt's outcome) and one per
 finished run's checkpoint storage; totals per team, sweep, run and day, and team budgets, are sums over it.
 """
@@ -17,7 +17,6 @@ from pathlib import Path
 
 from training_platform.cost.prices import CostError, PriceModel, load_price_model
 from training_platform.cost.windows import window_cost
-from training_platform.paths import database_url
 from training_platform.spec import TrainSpec
 
 GB = 1024**3
@@ -159,16 +158,6 @@ def matches(
     )
 
 
-def open_ledger(home_root: Path) -> LedgerQueries:
-    """The deployment's ledger: in the platform's database when ``TP_DATABASE_URL`` names one (every machine
-    of a team's deployment sees the same charges), else ``cost/ledger.jsonl`` in the home."""
-    if url := database_url():
-        from training_platform.cost.ledger_db import DatabaseLedger  # SQLAlchemy only when asked for
-
-        return DatabaseLedger(url)
-    return CostLedger(Path(home_root) / "cost")
-
-
 GROUPS = {
     "team": lambda r: r["team"],
     "sweep": lambda r: r.get("sweep"),
@@ -200,17 +189,3 @@ def _parse(text: str) -> list[dict]:
 def month_start(at: datetime | None = None) -> datetime:
     at = (at or datetime.now(UTC)).astimezone(UTC)
     return at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-
-
-def record_storage_cost(
-    home_root: Path, spec: TrainSpec, run_id: str, storage_key: str, result: dict, sweep: str | None = None
-) -> dict:
-    """Charge a finished run's checkpoints once (30 days of their bytes); compute is charged per attempt
-    (charges.py). `storage_key` is the checkpoint key, so a reproduction's own checkpoints are charged too."""
-    cost = run_cost(
-        spec, run_id, 0.0, checkpoint_bytes=sum(int(c.get("bytes") or 0) for c in result.get("checkpoints", [])),
-        sweep=sweep,
-    )
-    row = {"key": f"{storage_key}#storage", "kind": "storage", **asdict(cost)}
-    open_ledger(home_root).record_once([row])
-    return row

@@ -16,7 +16,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from training_platform.cost.accounting import month_start, open_ledger
+from training_platform.cost.accounting import month_start
+from training_platform.cost.backends import open_ledger
 from training_platform.cost.charges import spec_key, template_of, units
 from training_platform.cost.prices import CostError, PriceModel, load_price_model
 from training_platform.policy.teams import declared_team

@@ -14,12 +14,14 @@ a run and each attempt is still charged exactly once.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from training_platform.cost.accounting import open_ledger, summed
+from training_platform.cost.accounting import run_cost, summed
 from training_platform.cost.attempts import AttemptSpan, attempt_spans
+from training_platform.cost.backends import open_ledger
 from training_platform.cost.prices import PriceModel, load_price_model
 from training_platform.cost.windows import window_cost
 from training_platform.runs.events import RunEvents
@@ -130,3 +132,17 @@ def run_money(home_root: Path, run_id: str) -> dict[str, Any]:
         "wall_seconds": totals["wall_seconds"],
         "goodput": totals["goodput"] if totals["goodput"] is not None else 0.0,
     }
+
+
+def record_storage_cost(
+    home_root: Path, spec: TrainSpec, run_id: str, storage_key: str, result: dict, sweep: str | None = None
+) -> dict:
+    """Charge a finished run's checkpoints once (30 days of their bytes); compute is charged per attempt
+    (`charge`, above). `storage_key` is the checkpoint key, so a reproduction's own checkpoints are charged too."""
+    cost = run_cost(
+        spec, run_id, 0.0, checkpoint_bytes=sum(int(c.get("bytes") or 0) for c in result.get("checkpoints", [])),
+        sweep=sweep,
+    )
+    row = {"key": f"{storage_key}#storage", "kind": "storage", **asdict(cost)}
+    open_ledger(home_root).record_once([row])
+    return row

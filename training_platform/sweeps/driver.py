@@ -19,7 +19,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from training_platform.cost.accounting import open_ledger, summed
+from training_platform.cost.accounting import summed
+from training_platform.cost.backends import open_ledger
 from training_platform.paths import PlatformHome
 from training_platform.runs.specs import is_registered, read_result, register_run
 from training_platform.spec import TrainSpec

@@ -14,7 +14,7 @@ import yaml
 from tests.fixtures.platform import ROOT, last_json, server_logs
 from training_platform.client import PlatformClient
 from training_platform.client.runs import wait_for
-from training_platform.cost.accounting import open_ledger
+from training_platform.cost.backends import open_ledger
 from training_platform.datasets import build_snapshot
 from training_platform.policy.teams import TEAMS_ENV
 from training_platform.runs.specs import spec_tags

@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from training_platform.cost import BudgetError, CostError, check_budget, run_cost
-from training_platform.cost.accounting import CostLedger, open_ledger
+from training_platform.cost.accounting import CostLedger
+from training_platform.cost.backends import open_ledger
 from training_platform.cost.ledger_db import DatabaseLedger
 from training_platform.spec import parse_spec
 
