@@ -277,15 +277,3 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def open_storage(uri: str | Path) -> Storage:
-    """The storage a URI names: ``s3://bucket/prefix``, or a directory (a path, or ``file://``)."""
-    text = str(uri)
-    if text.startswith("s3://"):
-        from training_platform.checkpoints.s3 import S3Storage  # boto3 only when asked for
-
-        return S3Storage.from_uri(text)
-    if "://" in text and not text.startswith("file://"):
-        raise CheckpointError(f"unsupported storage URI {text!r}: use a directory or s3://bucket/prefix")
-    return LocalStorage(Path(text.removeprefix("file://")))

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from training_platform.checkpoints.backends import open_storage
 from training_platform.checkpoints.layout import (
     COLD_TIER_KEY,
     chunk_key,
@@ -43,7 +44,7 @@ from training_platform.checkpoints.retention import (
     steps_to_keep,
 )
 from training_platform.checkpoints.signing import ManifestSigner, deployment_signer
-from training_platform.checkpoints.storage import Storage, open_storage, validate_key
+from training_platform.checkpoints.storage import Storage, validate_key
 from training_platform.checkpoints.writer import LEASE_SETTLE_SECONDS, SaveStats, write_checkpoint
 from training_platform.errors import CheckpointError
 

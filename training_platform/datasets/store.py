@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from training_platform.checkpoints.storage import Buffer, LocalStorage, Storage, open_storage
+from training_platform.checkpoints.backends import open_storage
+from training_platform.checkpoints.storage import Buffer, LocalStorage, Storage
 from training_platform.datasets.manifest import FORMAT_VERSION, ShardRef, SnapshotManifest
 from training_platform.errors import CheckpointError, SnapshotError
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import yaml
 
+from training_platform.checkpoints.backends import open_storage
 from training_platform.checkpoints.durable import PRIORITY_CLASS_LABEL, DurableCheckpoint
-from training_platform.checkpoints.storage import Storage, open_storage
+from training_platform.checkpoints.storage import Storage
 from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import JobHandle, JobStatus, LaunchPlan, RunRequest
 from training_platform.launch.k8s_manifests import (

@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training_platform.checkpoints.storage import Storage, open_storage
+from training_platform.checkpoints.backends import open_storage
+from training_platform.checkpoints.storage import Storage
 from training_platform.errors import CheckpointError
 from training_platform.identifiers import RUN_ID, check_run_id
 from training_platform.launch.base import PREEMPTED_MARKER, RESULT_FILE

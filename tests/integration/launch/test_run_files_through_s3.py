@@ -16,7 +16,7 @@ import pytest
 
 from resources.launcher import LauncherResource
 from tests.fixtures.materialize import materialize_partition
-from training_platform.checkpoints.storage import open_storage
+from training_platform.checkpoints.backends import open_storage
 from training_platform.datasets import build_snapshot
 from training_platform.launch import RunRequest
 from training_platform.launch.local import LocalLauncher
