@@ -78,7 +78,15 @@ class _ProcessEngines:
             engine.dispose()
 
 
-class _KeptConnection:
+class _InDagsterHome:
+    """Configured as Dagster's `storage: sqlite` is: by the Dagster home, under which each storage has its files."""
+
+    @classmethod
+    def config_type(cls) -> dict[str, Any]:
+        return {"base_dir": StringSource}
+
+
+class _KeptConnection(_InDagsterHome):
     """`connect()` over an engine of this process that keeps a connection open; Dagster's transaction around each."""
 
     _conn_string: str
@@ -99,10 +107,6 @@ class _KeptConnection:
         if "_kept_engines" in self.__dict__:
             self._kept_engines.dispose()
 
-    @classmethod
-    def config_type(cls) -> dict[str, Any]:
-        return {"base_dir": StringSource}  # the Dagster home, as in Dagster's `storage: sqlite: base_dir`
-
 
 class RunStorage(_KeptConnection, SqliteRunStorage):
     """Runs in BASE_DIR/history/runs.db, where Dagster's default SQLite storage keeps them."""
@@ -120,17 +124,13 @@ class ScheduleStorage(_KeptConnection, SqliteScheduleStorage):
         return cls.from_local(os.path.join(config_value["base_dir"], "schedules"), inst_data=inst_data)
 
 
-class EventLogStorage(SqliteEventLogStorage):
+class EventLogStorage(_InDagsterHome, SqliteEventLogStorage):
     """Event logs in BASE_DIR/history/runs/ (a file per run, and the index), where Dagster's default keeps them."""
 
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
         self._kept_index = _ProcessEngines(timeout=SQLITE_BUSY_TIMEOUT_SECONDS)
         self._kept_runs = _ProcessEngines(KEPT_RUN_FILES, timeout=SQLITE_BUSY_TIMEOUT_SECONDS)
         super().__init__(base_dir, inst_data)
-
-    @classmethod
-    def config_type(cls) -> dict[str, Any]:
-        return {"base_dir": StringSource}  # the Dagster home, as in Dagster's `storage: sqlite: base_dir`
 
     @classmethod
     def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: Any) -> EventLogStorage:

@@ -18,6 +18,7 @@ stops everything when one part dies):
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import json
 import os
@@ -33,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
+import yaml
 
 from training_platform import process_start
 from training_platform.errors import PlatformError
@@ -49,41 +51,37 @@ START_TIMEOUT_S = 180.0
 LOAD_ERROR_GRACE_S = 15.0
 STOP_TIMEOUT_S = 30.0
 DATABASE_ENV = "TP_DAGSTER_DATABASE_URL"
-_POSTGRES_STORAGE = f"""
-# PostgreSQL run, event-log and schedule storage: {DATABASE_ENV} in the server's environment. Dagster's own
-# classes, whose webserver connection is checked before use (training_platform_dagster/postgres_storage.py).
-""" + "".join(
-    f"""{key}:
-  module: training_platform_dagster.postgres_storage
-  class: {cls}
-  config:
-    postgres_url:
-      env: {DATABASE_ENV}
-"""
-    for key, cls in (
-        ("run_storage", "RunStorage"),
-        ("event_log_storage", "EventLogStorage"),
-        ("schedule_storage", "ScheduleStorage"),
-    )
+_STORAGES = (
+    ("run_storage", "RunStorage"),
+    ("event_log_storage", "EventLogStorage"),
+    ("schedule_storage", "ScheduleStorage"),
 )
 
 
-def _sqlite_storage(dagster_home: Path) -> str:
-    """SQLite run, event-log and schedule storage in DAGSTER_HOME, in the files Dagster's default uses, each with its
-    connections kept open between uses (training_platform_dagster/sqlite_storage.py). The home is written out: a
-    storage class is given its config only, and an instance opened from this file elsewhere must find these files."""
-    base_dir = json.dumps(str(dagster_home.resolve()))  # a YAML string, whatever the path holds
-    blocks = (
-        f"{key}:\n  module: training_platform_dagster.sqlite_storage\n  class: {cls}\n"
-        f"  config:\n    base_dir: {base_dir}\n"
-        for key, cls in (
-            ("run_storage", "RunStorage"),
-            ("event_log_storage", "EventLogStorage"),
-            ("schedule_storage", "ScheduleStorage"),
-        )
+def _storage_config(comment: str, module: str, config: dict[str, object]) -> str:
+    """The instance config's run, event-log and schedule storage: MODULE's classes, each with CONFIG."""
+    # A copy for each: one shared dict would be written once and referred to by YAML anchors, hard to read.
+    blocks = {key: {"module": module, "class": cls, "config": copy.deepcopy(config)} for key, cls in _STORAGES}
+    return f"\n# {comment}\n" + yaml.safe_dump(blocks, sort_keys=False)
+
+
+def _postgres_storage() -> str:
+    """PostgreSQL storage; the URL, and the password in it, stay in the server's environment (the file names it)."""
+    return _storage_config(
+        f"PostgreSQL storage, {DATABASE_ENV} from the environment (training_platform_dagster/postgres_storage.py)",
+        "training_platform_dagster.postgres_storage",
+        {"postgres_url": {"env": DATABASE_ENV}},
     )
-    return "\n# SQLite in this Dagster home, connections kept open (training_platform_dagster/sqlite_storage.py).\n" + (
-        "".join(blocks)
+
+
+def _sqlite_storage(dagster_home: Path) -> str:
+    """SQLite storage in DAGSTER_HOME, in the files Dagster's default uses, with connections kept open between uses
+    (training_platform_dagster/sqlite_storage.py). The home is written out: a storage class is given its config only,
+    and an instance opened from this file elsewhere must find these files."""
+    return _storage_config(
+        "SQLite storage in this Dagster home, kept connections (training_platform_dagster/sqlite_storage.py)",
+        "training_platform_dagster.sqlite_storage",
+        {"base_dir": str(dagster_home.resolve())},
     )
 
 
@@ -106,7 +104,7 @@ def instance_config(dagster_home: Path) -> str:
             f"{DATABASE_ENV} must be a postgresql+psycopg2://user:password@host:port/database URL (it starts "
             f"with {scheme}://); write it with that scheme"
         )
-    return shipped + _POSTGRES_STORAGE
+    return shipped + _postgres_storage()
 
 
 @dataclass(frozen=True)
