@@ -11,12 +11,12 @@ from pydantic import Field, ValidationError
 from resources.platform import PlatformResource
 from training_platform.datasets import validate_snapshot
 from training_platform.datasets.daily import DIGITS_DAILY, DatedSnapshot, build_snapshot_as_of, default_landing
-from training_platform.datasets.file_spec import FileExpectations, FileSplit, is_file_uri
 from training_platform.datasets.files import FileSource, build_file_snapshot, read_source_table
 from training_platform.errors import SpecError
 from training_platform.runs.specs import spec_from_json
 from training_platform.spec import DatasetSpec, format_validation_error
-from training_platform.submission import SNAPSHOT_ASSET, SNAPSHOT_CHECK
+from training_platform.spec.file_source import FileExpectations, FileSplit, is_file_uri
+from training_platform.spec.submission import SNAPSHOT_ASSET, SNAPSHOT_CHECK
 
 SNAPSHOT_START_DATE = "2026-11-01"
 """First day a snapshot partition exists for; backfills reach back to here."""

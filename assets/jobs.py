@@ -9,7 +9,7 @@ import dagster as dg
 
 from assets.partitions import training_runs
 from training_platform.spec import TrainSpec
-from training_platform.submission import RUN_ASSETS, assets_for
+from training_platform.spec.submission import RUN_ASSETS, assets_for
 
 snapshot_job = dg.define_asset_job(
     "dataset_snapshot_job",

@@ -24,7 +24,7 @@ from training_platform.runs.lineage import LineageKey, environment_lock
 from training_platform.runs.reproduce import compare
 from training_platform.runs.specs import load_run_spec, read_result, register_submitted
 from training_platform.spec import TrainSpec, parse_spec
-from training_platform.submission import FOLLOW_TAG, LEFT_JOB_TAG
+from training_platform.spec.submission import FOLLOW_TAG, LEFT_JOB_TAG
 from training_platform.sweeps.trial import TrialContext
 
 

@@ -36,8 +36,8 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from training_platform.datasets.file_spec import FileColumns, FileSplit  # noqa: E402
 from training_platform.datasets.files import FileSource, build_file_snapshot  # noqa: E402
+from training_platform.spec.file_source import FileColumns, FileSplit  # noqa: E402
 
 FEATURES = 16
 WARMUP = 10  # steps before the loader stall is measured: the workers start, the first shards decode

@@ -90,7 +90,7 @@ def in_process_pipeline(spec_path: str) -> None:
     from training_platform.policy.preflight import preflight
     from training_platform.runs.specs import register_run
     from training_platform.spec import load_spec
-    from training_platform.submission import RUN_ASSETS, snapshot_run_config
+    from training_platform.spec.submission import RUN_ASSETS, snapshot_run_config
 
     home = PlatformHome.from_env().ensure()
     spec = load_spec(spec_path)
@@ -152,7 +152,7 @@ def client_seconds(home: Path, env: dict, repeats: int = 5) -> tuple[list[float]
 
     import dagster as dg
 
-    from training_platform.submission import PARTITION_TAG, TRAINING_JOB
+    from training_platform.spec.submission import PARTITION_TAG, TRAINING_JOB
 
     with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
         trained = instance.get_runs(dg.RunsFilter(job_name=TRAINING_JOB))

@@ -26,7 +26,7 @@ from training_platform.recovery.requeue import follow_requeued
 from training_platform.runs.events import NODE_FAILURE, RunEvents
 from training_platform.runs.following import FOLLOWED, JOB_ENDED, SUBMITTED, FollowedJob, Follower, newest_job
 from training_platform.runs.remote_files import ATTEMPT_ENV, PIPES_MESSAGES_FILE, RunFilesPuller
-from training_platform.submission import LEFT_JOB_TAG
+from training_platform.spec.submission import LEFT_JOB_TAG
 
 CANCEL_WAIT_S = 30.0
 STATUS_OUTAGE_S = 120.0  # how long the backend may fail to report the job's state before the run fails

@@ -20,7 +20,7 @@ from resources.platform import PlatformResource
 from training_platform.cost.backends import open_ledger
 from training_platform.paths import PlatformHome
 from training_platform.runs.specs import is_registered
-from training_platform.submission import PARTITION_TAG
+from training_platform.spec.submission import PARTITION_TAG
 from training_platform.telemetry.alerts import RUN_RULES, Alert, evaluate_live, evaluate_run
 from training_platform.telemetry.records import RunRecord, latest_per_run, orchestrated_record
 

@@ -15,7 +15,7 @@ from assets.datasets import DAILY_SOURCE, daily_snapshots, landing_for
 from assets.jobs import snapshot_job
 from resources.platform import PlatformResource
 from training_platform.datasets.daily import Drop, list_drops
-from training_platform.submission import SNAPSHOT_ASSET, snapshot_run_config
+from training_platform.spec.submission import SNAPSHOT_ASSET, snapshot_run_config
 
 
 @dg.sensor(

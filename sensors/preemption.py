@@ -41,7 +41,7 @@ from training_platform.recovery.requeue import follow_requeued
 from training_platform.runs.events import NODE_FAILURE, TIME_LIMIT, RunEvents
 from training_platform.runs.following import FollowedJob, newest_job
 from training_platform.runs.specs import load_run_spec
-from training_platform.submission import FOLLOW_TAG, LEFT_JOB_TAG, PARTITION_TAG, RESUME_TAG
+from training_platform.spec.submission import FOLLOW_TAG, LEFT_JOB_TAG, PARTITION_TAG, RESUME_TAG
 from training_platform.sweeps.trial import TrialContext
 
 FINAL_STATES = {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value}

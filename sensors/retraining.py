@@ -35,7 +35,7 @@ from training_platform.runs.retraining import register_day_run
 from training_platform.runs.specs import load_run_spec, register_submitted, spec_from_json, spec_tags
 from training_platform.shipped import DAILY_SPEC
 from training_platform.spec import TrainSpec, load_spec
-from training_platform.submission import BACKFILL_TAG, SERIAL_TAG, THEN_TRAIN_TAG, snapshot_run_config
+from training_platform.spec.submission import BACKFILL_TAG, SERIAL_TAG, THEN_TRAIN_TAG, snapshot_run_config
 
 
 class RetrainingConfig(BaseModel):

@@ -14,7 +14,7 @@ from training_platform.runs.events import RunEvents
 from training_platform.runs.following import newest_job
 from training_platform.runs.specs import load_run_spec
 from training_platform.spec import TrainSpec
-from training_platform.submission import PARTITION_TAG, RETRY_TAG, retry_expected
+from training_platform.spec.submission import PARTITION_TAG, RETRY_TAG, retry_expected
 
 
 def users_error(instance: dg.DagsterInstance, dagster_run_id: str):

@@ -10,7 +10,7 @@ from sensors.schedule_switch import default_schedule_status
 from training_platform.cost.run_windows import RunWindowQueue
 from training_platform.paths import PlatformHome
 from training_platform.runs.specs import queue_tags
-from training_platform.submission import PARTITION_TAG, TRAINING_JOB, training_run_config
+from training_platform.spec.submission import PARTITION_TAG, TRAINING_JOB, training_run_config
 from training_platform.sweeps import SweepQueue
 
 # Hourly: price curves change by the hour. TP_SWEEP_RELEASE_CRON overrides it (read when the code loads).

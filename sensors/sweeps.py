@@ -18,7 +18,7 @@ from training_platform.paths import PlatformHome
 from training_platform.recovery.preemption import Recovery, decide, summarize
 from training_platform.runs.events import RunEvents
 from training_platform.runs.specs import load_run_spec, spec_tags
-from training_platform.submission import LEFT_JOB_TAG, PARTITION_TAG, SWEEP_TAG
+from training_platform.spec.submission import LEFT_JOB_TAG, PARTITION_TAG, SWEEP_TAG
 from training_platform.sweeps import QueuedSweep, SweepDriver, SweepQueue, SweepResult
 from training_platform.sweeps.driver import RunState, TrialRun
 from training_platform.sweeps.parent_run import end_parent_run

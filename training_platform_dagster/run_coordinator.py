@@ -22,7 +22,7 @@ from training_platform.errors import PlatformError
 from training_platform.paths import PlatformHome
 from training_platform.runs.specs import load_run_spec, spec_from_json, spec_tags
 from training_platform.spec import TrainSpec
-from training_platform.submission import (
+from training_platform.spec.submission import (
     PARTITION_TAG,
     RUN_ASSETS,
     SNAPSHOT_JOB,

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.fixtures.platform import ROOT, last_json, server_logs
 from training_platform.datasets import load_manifest
-from training_platform.submission import TRAINING_JOB
+from training_platform.spec.submission import TRAINING_JOB
 
 pytestmark = pytest.mark.integration
 EXAMPLE = ROOT / "examples" / "own_data"

@@ -11,7 +11,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from tests.fixtures.platform import ROOT, last_json
-from training_platform.registry.tracking import CHAMPION_ALIAS, REQUIRED_TAGS, model_requirements
+from training_platform.registry.tracking import CHAMPION_ALIAS, REQUIRED_TAGS
+from training_platform.train.model_requirements import model_requirements
 
 pytestmark = pytest.mark.integration
 

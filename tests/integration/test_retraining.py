@@ -30,7 +30,7 @@ from training_platform.paths import PlatformHome
 from training_platform.runs.retraining import register_day_run
 from training_platform.runs.specs import load_run_spec, register_run
 from training_platform.spec import parse_spec
-from training_platform.submission import THEN_TRAIN_TAG, snapshot_run_config
+from training_platform.spec.submission import THEN_TRAIN_TAG, snapshot_run_config
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

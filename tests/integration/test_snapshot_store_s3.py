@@ -98,8 +98,8 @@ def test_a_teams_own_files_in_a_bucket_become_a_snapshot_found_again_without_a_r
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from training_platform.datasets.file_spec import FileColumns
     from training_platform.datasets.files import FileSource, build_file_snapshot
+    from training_platform.spec.file_source import FileColumns
 
     client = s3_server.client()
     rows = np.arange(300)
@@ -151,8 +151,8 @@ def test_an_s3_prefix_that_denies_access_is_refused_before_a_build_names_what_to
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from training_platform.datasets.file_spec import FileColumns
     from training_platform.datasets.files import FileSource, build_file_snapshot, check_source
+    from training_platform.spec.file_source import FileColumns
 
     client = guarded_s3.client()
     client.create_bucket(Bucket="landing")

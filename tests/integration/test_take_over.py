@@ -24,7 +24,7 @@ from training_platform.paths import PlatformHome
 from training_platform.runs.events import RunEvents
 from training_platform.runs.specs import read_result, register_run
 from training_platform.spec import parse_spec
-from training_platform.submission import FOLLOW_TAG, LEFT_JOB_TAG, PARTITION_TAG
+from training_platform.spec.submission import FOLLOW_TAG, LEFT_JOB_TAG, PARTITION_TAG
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 SELECTION = ["training_run", "checkpoints"]

@@ -1,5 +1,5 @@
 """`tp` answers while you wait: loading the command line imports neither torch nor dagster (over a second each),
-nor Optuna or MLflow, nor pyarrow and numpy (0.3 s of every command; the spec reads only datasets.file_spec).
+nor Optuna or MLflow, nor pyarrow and numpy (0.3 s of every command).
 
 Commands that need them (`tp gc`, `tp doctor`) import them when they run; the commands that read the
 platform server (`tp runs`, `tp status`, `tp metrics`) never do, nor does `tp train`'s check of a CPU spec before it

@@ -9,7 +9,7 @@ import yaml
 from training_platform.errors import SpecError
 from training_platform.policy.preflight import check_evaluation
 from training_platform.spec import canonical_json, load_spec, parse_spec
-from training_platform.submission import OWN_CODE_ASSETS, RUN_ASSETS, assets_for
+from training_platform.spec.submission import OWN_CODE_ASSETS, RUN_ASSETS, assets_for
 
 MINIMAL = {"name": "digits", "team": "vision", "owner": "ada"}
 REPORTS_F1 = """

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from training_platform import ports
+from training_platform.launch import ports
 
 
 def test_a_servers_ports_are_below_the_ephemeral_range_and_free():
@@ -40,7 +40,7 @@ def test_no_room_below_the_ephemeral_range_names_the_setting(tmp_path, monkeypat
 
 def test_the_module_prints_a_port_free_on_the_address_it_is_given():
     """What a Slurm job's batch script runs on its first node to choose the rendezvous port (launch/slurm.py)."""
-    printed = subprocess.run([sys.executable, "-m", "training_platform.ports", "127.0.0.1"], capture_output=True,
+    printed = subprocess.run([sys.executable, "-m", "training_platform.launch.ports", "127.0.0.1"], capture_output=True,
                              text=True, timeout=60, check=True).stdout
     port = int(printed)
     assert 1024 <= port < ports.ephemeral_range()[0] and ports.is_free(port, "127.0.0.1")

@@ -9,7 +9,7 @@ from dataclasses import replace
 import psutil
 import pytest
 
-from training_platform import process_start
+from training_platform.launch import process_start
 from training_platform.server.local import ServerProcess
 
 

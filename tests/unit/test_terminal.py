@@ -7,7 +7,7 @@ import json
 import pytest
 
 from training_platform.cli.common import emit
-from training_platform.terminal import readable, readable_duration, readable_usd
+from training_platform.cli.terminal import readable, readable_duration, readable_usd
 
 
 @pytest.mark.parametrize(

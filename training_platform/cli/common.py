@@ -14,12 +14,12 @@ import typer
 from rich.table import Table
 
 from training_platform.cli.follow import Detached, show
+from training_platform.cli.terminal import console, readable
 from training_platform.client import PlatformClient, connect
 from training_platform.client.runs import Progress, follow
 from training_platform.errors import PlatformError
 from training_platform.paths import PlatformHome
 from training_platform.redaction import redact
-from training_platform.terminal import console, readable
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")]
 

@@ -9,13 +9,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from training_platform.cli.terminal import console
 from training_platform.cost.accounting import month_start
 from training_platform.cost.backends import open_ledger
 from training_platform.cost.breakeven import OwnershipCase, breakeven
 from training_platform.cost.prices import CostError, load_price_model
 from training_platform.cost.windows import cost_window_for
 from training_platform.paths import PlatformHome
-from training_platform.terminal import console
 
 cost_app = typer.Typer(no_args_is_help=True, help="Prices, cost windows, spend per team and sweep, rent or own.")
 JsonFlag = Annotated[bool, typer.Option("--json", help="end with one JSON object on the last line")]

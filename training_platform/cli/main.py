@@ -31,6 +31,7 @@ from training_platform.cli.common import JsonFlag, client, console, emit, fail, 
 from training_platform.cli.cost import cost_app
 from training_platform.cli.server import server_app
 from training_platform.cli.snapshots import snapshots_app
+from training_platform.cli.terminal import readable_duration, readable_usd
 from training_platform.client import SERVER_URL_ENV
 from training_platform.client.retrain import follow_retrain, launch_retrain
 from training_platform.client.runs import submit_snapshot, submit_training, summary, wait_for
@@ -51,7 +52,6 @@ from training_platform.runs.specs import new_run_id, spec_tags
 from training_platform.shipped import DAILY_SPEC, DEMO_SPEC
 from training_platform.spec import BACKENDS, TrainSpec, load_spec, parse_spec
 from training_platform.sweeps import load_sweep
-from training_platform.terminal import readable_duration, readable_usd
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train, track and reproduce models.")
 app.add_typer(cost_app, name="cost")

@@ -20,7 +20,7 @@ from training_platform.client.graphql import IN_PROGRESS
 from training_platform.client.runs import continuation, resubmit, summary
 from training_platform.errors import PlatformError, SpecError
 from training_platform.identifiers import check_run_id
-from training_platform.submission import (
+from training_platform.spec.submission import (
     REPRODUCTION_TAG,
     RESUME_TAG,
     THEN_TRAIN_TAG,

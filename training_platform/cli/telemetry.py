@@ -16,12 +16,17 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from training_platform.cli.terminal import readable_duration
 from training_platform.spec import TrainSpec
 from training_platform.telemetry.records import RunRecord
-from training_platform.telemetry.status import human_seconds, status_rows
+from training_platform.telemetry.status import status_rows
 
 if TYPE_CHECKING:
     from training_platform.telemetry.bench import BenchResult
+
+
+def human_seconds(seconds: float | None) -> str:
+    return "-" if seconds is None else readable_duration(seconds)
 
 
 def show_status(list_records: Callable[[], list[RunRecord]], team: str | None, as_json: bool, console: Console):

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from training_platform.errors import PlatformError
-from training_platform.submission import LOCATION, PARTITION_TAG, REPOSITORY, TRAINING_JOB, TRAINING_RUNS
+from training_platform.spec.submission import LOCATION, PARTITION_TAG, REPOSITORY, TRAINING_JOB, TRAINING_RUNS
 
 IN_PROGRESS = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
 _BEING_STARTED = ("NOT_STARTED", "STARTING")  # dequeued, its process not yet up: Dagster cannot terminate it yet

@@ -18,7 +18,7 @@ from training_platform.client.runs import Progress, follow
 from training_platform.runs.retraining import day_run_id, lineage_digest
 from training_platform.runs.specs import spec_tags
 from training_platform.spec import TrainSpec
-from training_platform.submission import BACKFILL_TAG, PARTITION_TAG, SERIAL_TAG, snapshot_run_config
+from training_platform.spec.submission import BACKFILL_TAG, PARTITION_TAG, SERIAL_TAG, snapshot_run_config
 
 BACKFILL_START_WAIT_S = 120.0
 

@@ -19,7 +19,7 @@ from typing import Any
 from training_platform.client.graphql import ClientError, DagsterRun, PlatformClient
 from training_platform.runs.specs import spec_tags
 from training_platform.spec import TrainSpec
-from training_platform.submission import (
+from training_platform.spec.submission import (
     LEFT_JOB_TAG,
     PARTITION_TAG,
     RETRY_TAG,

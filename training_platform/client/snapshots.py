@@ -12,7 +12,7 @@ from typing import Any
 
 from training_platform.client.graphql import CheckResult, PlatformClient
 from training_platform.errors import SpecError
-from training_platform.submission import SNAPSHOT_ASSET, SNAPSHOT_CHECK
+from training_platform.spec.submission import SNAPSHOT_ASSET, SNAPSHOT_CHECK
 
 MATERIALIZATIONS_READ = 500
 """How far back the listing reads (materializations, newest first): about a year of daily snapshots."""

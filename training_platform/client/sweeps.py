@@ -10,7 +10,7 @@ from typing import Any
 from training_platform.client.graphql import FINISHED, PlatformClient
 from training_platform.client.runs import DaemonWatch
 from training_platform.runs.specs import queue_tags
-from training_platform.submission import PARTITION_TAG, SWEEP_JOB, SWEEP_TAG
+from training_platform.spec.submission import PARTITION_TAG, SWEEP_JOB, SWEEP_TAG
 from training_platform.sweeps.spec import SweepSpec
 
 SWEEPS = "sweeps"

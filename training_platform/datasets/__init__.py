@@ -1,9 +1,8 @@
 """Dataset snapshots: immutable, content-addressed Parquet shards plus a manifest, and their validation.
 
 Importing this package is cheap: each name below is imported from its module when it is first used, so a module that
-reads only the spec's file settings (`datasets.file_spec`, as `spec` and so every `tp` command does) does not load
-pyarrow and numpy (about 0.3 s of every command's start); Great Expectations is imported only inside
-`validate_snapshot`.
+imports the package and uses none of them (the CLI's commands) does not load pyarrow and numpy (about 0.3 s of
+every command's start); Great Expectations is imported only inside `validate_snapshot`.
 """
 
 from __future__ import annotations

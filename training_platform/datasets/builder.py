@@ -13,12 +13,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from training_platform.datasets.file_spec import SPLIT_SEED
 from training_platform.datasets.manifest import LABEL, ROLE_COLUMNS, ROW_ID, SPLITS, ShardRef, SnapshotManifest
 from training_platform.datasets.sources import RawSource, load_source
 from training_platform.datasets.store import SnapshotRoot, write_manifest, write_shard
 from training_platform.datasets.text import write_tokenizer
 from training_platform.errors import SnapshotError
+from training_platform.spec.file_source import SPLIT_SEED
 
 _T = TypeVar("_T")
 SPLIT_FRACTIONS = {"train": 0.70, "validation": 0.15, "test": 0.15}

@@ -31,10 +31,10 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from training_platform.datasets.builder import parallel_map, write_tables
-from training_platform.datasets.file_spec import FORMATS, RESERVED_COLUMNS, FileColumns, FileSplit
 from training_platform.datasets.manifest import IMAGE, LABEL, ROW_ID, SPLITS, TEXT, SnapshotManifest
 from training_platform.datasets.store import SnapshotRoot, get_object, load_manifest, put_object
 from training_platform.errors import CheckpointError, SnapshotError
+from training_platform.spec.file_source import FORMATS, RESERVED_COLUMNS, FileColumns, FileSplit
 
 RECORDS = "sources"
 SHARD_BYTES = 64 * 2**20

@@ -21,11 +21,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from training_platform.datasets.file_spec import FileExpectations
 from training_platform.datasets.manifest import LABEL, ROW_ID, SnapshotManifest
 from training_platform.datasets.reader import read_split_table
 from training_platform.datasets.store import SnapshotRoot, load_manifest
 from training_platform.errors import SnapshotError
+from training_platform.spec.file_source import FileExpectations
 
 if TYPE_CHECKING:
     import pandas as pd

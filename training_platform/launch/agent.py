@@ -17,7 +17,6 @@ and that agent's workers are forked by the standby too, so the attempt imports n
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
 import runpy
@@ -28,6 +27,7 @@ from multiprocessing import forkserver
 from pathlib import Path
 
 from training_platform.launch import fork_server_guard, standby
+from training_platform.launch.prctl import signal_on_parent_death
 
 # What every worker imports before its first step; forked workers find them loaded. torch._dynamo
 # is imported by torch's optimizers and by use_deterministic_algorithms: 0.9 s per worker otherwise
@@ -50,7 +50,7 @@ def run_module(module: str, *argv: str) -> None:
     signal.signal(fork_server_guard.GUARD_SIGNAL, signal.SIG_DFL)  # the fork server's, not a worker's
     # torch's wrapper interrupts a worker whose parent (the fork server) dies with SIGINT, which
     # would abort an emergency checkpoint; SIGTERM is the signal the worker checkpoints and stops on.
-    ctypes.CDLL(None, use_errno=True).prctl(standby.PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal_on_parent_death(signal.SIGTERM)
     if not _parent_forks_workers():  # it died before the line above: no signal will come
         os._exit(1)
     # A fork server's child defaults to starting its own processes through the fork server too

@@ -15,13 +15,12 @@ handler it inherits (agent.run_module).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 
 import psutil
 
-from training_platform.launch.standby import PR_SET_PDEATHSIG
+from training_platform.launch.prctl import signal_on_parent_death
 
 GUARD_SIGNAL = signal.SIGHUP
 
@@ -48,7 +47,7 @@ def _guard() -> None:
         os._exit(1)
 
     signal.signal(GUARD_SIGNAL, on_parent_death)
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, GUARD_SIGNAL)
+    signal_on_parent_death(GUARD_SIGNAL)
     if os.getppid() != parent:  # the agent died before the line above: no signal will come
         on_parent_death(GUARD_SIGNAL, None)
 

@@ -412,7 +412,7 @@ def render_sbatch(
         "# A port free on that address now, below the ephemeral range (ports.py), chosen anew by each attempt: jobs",
         "# share nodes (a spot job in its grace time and the job preempting it), and a port derived from the job id",
         "# was once taken by another server there (Address already in use).",
-        f'rdzv_port=$({shlex.quote(config.python)} -m training_platform.ports "$head_addr") || exit 1',
+        f'rdzv_port=$({shlex.quote(config.python)} -m training_platform.launch.ports "$head_addr") || exit 1',
         'if [[ $head_addr == *:* ]]; then head_addr="[$head_addr]"; fi',
         'echo "tp: job $SLURM_JOB_ID attempt $((${SLURM_RESTART_COUNT:-0} + 1)) on $SLURM_JOB_NODELIST,'
         ' rendezvous $head_node at $head_addr:$rdzv_port"',

@@ -35,8 +35,8 @@ def check_own_files(spec: TrainSpec) -> None:
     submitted (`tp train`, `tp sweep`), not by the training asset: a built snapshot trains without its files."""
     if not spec.dataset.is_file_source or spec.dataset.source is None or spec.dataset.columns is None:
         return
-    from training_platform.datasets.file_spec import FileSplit
     from training_platform.datasets.files import FileSource, check_source
+    from training_platform.spec.file_source import FileSplit
 
     source = FileSource(uri=spec.dataset.source, columns=spec.dataset.columns, split=spec.dataset.split or FileSplit())
     try:

@@ -13,7 +13,7 @@ from training_platform.checkpoints import CheckpointManifest, open_store
 from training_platform.datasets import load_manifest, read_split
 from training_platform.datasets.reader import read_split_table
 from training_platform.spec import TrainSpec
-from training_platform.train.loop import evaluate
+from training_platform.train.classifier_metrics import classifier_metrics
 from training_platform.train.strategies.consolidate import full_model_state
 from training_platform.train.templates import get_template
 from training_platform.train.weights import weights_sha256
@@ -59,7 +59,7 @@ def evaluate_checkpoint(
         metrics = template.evaluate_split(model, snapshot_root, snapshot, "test", spec)
     else:
         features, labels = (torch.from_numpy(a) for a in read_split(snapshot_root, spec.dataset.snapshot_id, "test"))
-        metrics = evaluate(model, features, labels)
+        metrics = classifier_metrics(model, features, labels)
     evaluation = Evaluation(
         test_accuracy=metrics["accuracy"],
         test_loss=metrics["loss"],

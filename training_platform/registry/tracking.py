@@ -15,6 +15,7 @@ from typing import Any
 from training_platform.redaction import Redactor
 from training_platform.runs.lineage import LineageKey
 from training_platform.spec import GateSpec, TrainSpec
+from training_platform.train.model_requirements import model_requirements
 
 CHAMPION_ALIAS = "champion"
 ALIAS_WRITE_ATTEMPTS = 5
@@ -239,18 +240,6 @@ def promotion_gate(
         champion.version,
         champion_value,
     )
-
-
-def model_requirements(*extra: str) -> list[str]:
-    """What a registered model needs to load, pinned (EXTRA: a flavour's own packages). Named rather than
-    inferred: MLflow infers them by loading the model in a subprocess (5 s of every registration here) and
-    lists whatever this process had imported (transformers, lightning, trio)."""
-    from importlib.metadata import version
-
-    from packaging.version import Version
-
-    # Public versions: a local label (torch's "+cpu", "+cu128") is not on PyPI, so pip could not install it.
-    return [f"{name}=={Version(version(name)).public}" for name in ("mlflow", "torch", "numpy", "cloudpickle", *extra)]
 
 
 def register_model(

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from training_platform import process_start
+from training_platform.launch import process_start
 from training_platform.launch.base import JobHandle
 
 SUBMITTED = "submitted"

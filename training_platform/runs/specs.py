@@ -16,7 +16,7 @@ from training_platform.launch.base import RESULT_FILE
 from training_platform.paths import PlatformHome
 from training_platform.runs.backends import open_run_registry
 from training_platform.spec import TrainSpec, parse_spec
-from training_platform.submission import OWN_CODE_ASSETS, OWN_CODE_TAG, assets_for
+from training_platform.spec.submission import OWN_CODE_ASSETS, OWN_CODE_TAG, assets_for
 
 # Dagster's queued run coordinator runs higher `dagster/priority` first (see deploy/dagster/dagster.yaml).
 PRIORITY_TAGS = {"low": "-10", "normal": "0", "high": "10"}

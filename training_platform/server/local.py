@@ -36,12 +36,12 @@ from pathlib import Path
 import psutil
 import yaml
 
-from training_platform import process_start
 from training_platform.errors import PlatformError
+from training_platform.launch import process_start
+from training_platform.launch.ports import free_listening_port
 from training_platform.paths import SOURCE_CHECKOUT, PlatformHome
-from training_platform.ports import free_listening_port
 from training_platform.shipped import INSTANCE_CONFIG
-from training_platform.submission import LOCATION
+from training_platform.spec.submission import LOCATION
 
 DEFAULT_PORT = 3000
 PORT_ENV = "TP_SERVER_PORT"

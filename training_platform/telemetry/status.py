@@ -12,7 +12,6 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from training_platform.telemetry.records import RunRecord, latest_per_run
-from training_platform.terminal import readable_duration
 
 
 @dataclass(frozen=True)
@@ -85,7 +84,3 @@ def status_rows(records: list[RunRecord], now: float, team: str | None = None) -
             )
         )
     return [r for r in rows if team is None or r.team == team]
-
-
-def human_seconds(seconds: float | None) -> str:
-    return "-" if seconds is None else readable_duration(seconds)

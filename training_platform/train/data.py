@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from training_platform.datasets import SnapshotManifest
+from training_platform.train.classifier_metrics import classifier_metrics
 from training_platform.train.session import TrainingSession
 from training_platform.train.split_data import SplitStream
 
@@ -34,17 +35,6 @@ class TrainData:
     epoch: Callable[[int], int]
     """Epoch of 0-based step."""
     tokens_per_sample: int = 0
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, features: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    model.eval()
-    logits = model(features)
-    model.train()
-    return {
-        "loss": F.cross_entropy(logits, labels).item(),
-        "accuracy": (logits.argmax(dim=1) == labels).float().mean().item(),
-    }
 
 
 def build_data(session: TrainingSession, manifest: SnapshotManifest, template: ModuleType) -> TrainData:
@@ -72,7 +62,7 @@ def _classification_data(session: TrainingSession) -> TrainData:
     return TrainData(
         batches=batches,
         loss=F.cross_entropy,
-        evaluate=lambda model: evaluate(model, x_val, y_val),
+        evaluate=lambda model: classifier_metrics(model, x_val, y_val),
         epoch=train.epoch,
     )
 

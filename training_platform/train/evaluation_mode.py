@@ -96,7 +96,7 @@ def evaluate_model(
 
 
 def _classifier_metrics(model: nn.Module, test: SplitBatches) -> Mapping[str, float]:
-    from training_platform.train.data import evaluate
+    from training_platform.train.classifier_metrics import classifier_metrics
 
     if not test.features.shape[1]:
         raise ValueError(
@@ -104,7 +104,7 @@ def _classifier_metrics(model: nn.Module, test: SplitBatches) -> Mapping[str, fl
             "on the test split's text or images with session.evaluate_with(evaluate), evaluate(model, test) "
             "returning the spec's evaluation.metrics"
         )
-    return evaluate(model, test.features, test.labels)
+    return classifier_metrics(model, test.features, test.labels)
 
 
 def _metrics(reported: Mapping[str, Any]) -> dict[str, float]:
@@ -134,7 +134,7 @@ def log_pytorch_model(model: nn.Module, test: SplitBatches, example: Example | N
     first test row's features."""
     import mlflow.pytorch
 
-    from training_platform.registry.tracking import model_requirements
+    from training_platform.train.model_requirements import model_requirements
 
     if example is not None:
         sample = example(test)

@@ -15,13 +15,13 @@ from torch import nn
 from training_platform.datasets import load_manifest
 from training_platform.hardware import peak_flops
 from training_platform.spec import TrainingSpec
-from training_platform.train.data import build_data, evaluate
+from training_platform.train.data import build_data
 from training_platform.train.meter import StepMeter
 from training_platform.train.session import TrainingSession
 from training_platform.train.strategies import build_strategy
 from training_platform.train.templates import get_template
 
-__all__ = ["LOOP_SUMMARY", "build_optimizer", "evaluate", "train"]
+__all__ = ["LOOP_SUMMARY", "build_optimizer", "train"]
 LOOP_SUMMARY = "loop.json"
 
 

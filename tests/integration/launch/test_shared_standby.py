@@ -1,4 +1,4 @@
-"""The shared warm standby (launch/standby.py, SharedStandby): every run's first attempt forked warm, each run's
+"""The shared warm standby (launch/standby_server.py, SharedStandby): every run's first attempt forked warm, each run's
 ranks kept to their own, and gone with its owner."""
 
 import json

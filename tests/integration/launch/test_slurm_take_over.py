@@ -15,7 +15,7 @@ from training_platform.runs.events import RunEvents
 from training_platform.runs.following import newest_job
 from training_platform.runs.specs import read_result, register_run
 from training_platform.spec import parse_spec
-from training_platform.submission import FOLLOW_TAG, LEFT_JOB_TAG
+from training_platform.spec.submission import FOLLOW_TAG, LEFT_JOB_TAG
 
 SLURM_WAIT_SECONDS = 240
 SELECTION = ["training_run", "checkpoints"]

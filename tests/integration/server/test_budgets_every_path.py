@@ -19,7 +19,7 @@ from training_platform.datasets import build_snapshot
 from training_platform.policy.teams import TEAMS_ENV
 from training_platform.runs.specs import spec_tags
 from training_platform.spec import parse_spec
-from training_platform.submission import PARTITION_TAG, RESUME_TAG, TRAINING_JOB, training_run_config
+from training_platform.spec.submission import PARTITION_TAG, RESUME_TAG, TRAINING_JOB, training_run_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TEAM = "spent-team"  # the module's own team on the shared server

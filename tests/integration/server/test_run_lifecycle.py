@@ -36,7 +36,7 @@ from training_platform.launch import standby
 from training_platform.runs.events import RunEvents
 from training_platform.runs.specs import new_run_id
 from training_platform.spec import load_spec
-from training_platform.submission import PARTITION_TAG, TRAINING_JOB, training_run_config
+from training_platform.spec.submission import PARTITION_TAG, TRAINING_JOB, training_run_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 # Paced by the clock (runs.PACED_SCRIPT) while its pace file exists: the run lasts through a cancel whatever else the

@@ -11,7 +11,7 @@ import pytest
 
 from tests.fixtures.platform import Platform, free_port, last_json, platform_env, server_logs
 from training_platform.client.graphql import PlatformClient
-from training_platform.submission import LOCATION, REPOSITORY
+from training_platform.spec.submission import LOCATION, REPOSITORY
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -7,7 +7,7 @@ import pytest
 
 from training_platform.client import runs
 from training_platform.client.graphql import DagsterRun
-from training_platform.submission import FOLLOW_TAG, LEFT_JOB_TAG, PARTITION_TAG, TRAINING_JOB
+from training_platform.spec.submission import FOLLOW_TAG, LEFT_JOB_TAG, PARTITION_TAG, TRAINING_JOB
 
 
 def _run(run_id: str, status: str, created: float, **tags: str) -> DagsterRun:

@@ -15,11 +15,11 @@ import yaml
 from pydantic import ValidationError
 
 from training_platform.datasets import load_manifest, read_split, validate_snapshot
-from training_platform.datasets.file_spec import FileColumns, FileSplit
 from training_platform.datasets.files import FileSource, build_file_snapshot
 from training_platform.datasets.manifest import LABEL, ROW_ID
 from training_platform.datasets.reader import read_split_table
 from training_platform.errors import SnapshotError
+from training_platform.spec.file_source import FileColumns, FileSplit
 
 
 @pytest.fixture(scope="module")
@@ -220,8 +220,8 @@ def test_the_split_settings_are_checked_where_the_spec_is_read():
 
 
 def test_the_specs_expectations_on_its_own_columns_join_the_snapshot_suite(tmp_path):
-    from training_platform.datasets.file_spec import FileExpectations
     from training_platform.datasets.files import read_source_table
+    from training_platform.spec.file_source import FileExpectations
 
     example = Path(__file__).resolve().parents[3] / "examples" / "own_data"
     spec = yaml.safe_load((example / "spec.yaml").read_text())

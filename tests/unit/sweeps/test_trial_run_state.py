@@ -9,7 +9,7 @@ from sensors.sweeps import trial_run_state
 from training_platform.paths import PlatformHome
 from training_platform.runs.specs import register_run
 from training_platform.spec import parse_spec
-from training_platform.submission import LEFT_JOB_TAG, PARTITION_TAG
+from training_platform.spec.submission import LEFT_JOB_TAG, PARTITION_TAG
 from training_platform.sweeps.driver import TrialRun
 
 

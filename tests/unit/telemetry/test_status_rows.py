@@ -1,7 +1,8 @@
 """`tp status` rows: running runs with progress, utilization and cost; queued runs with an estimated wait."""
 
+from training_platform.cli.telemetry import human_seconds
 from training_platform.telemetry.records import RunRecord
-from training_platform.telemetry.status import human_seconds, median_duration, status_rows
+from training_platform.telemetry.status import median_duration, status_rows
 
 NOW = 10_000.0
 HISTORY = [

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from training_platform.datasets import build_snapshot
-from training_platform.datasets.file_spec import FileColumns
 from training_platform.datasets.files import FileSource, build_file_snapshot
 from training_platform.datasets.text import load_tokenizer
+from training_platform.spec.file_source import FileColumns
 from training_platform.train.split_data import SplitBatches, SplitStream
 
 WINE = Path(__file__).resolve().parents[3] / "examples" / "own_data" / "data"

@@ -101,7 +101,7 @@ def _transformers_logger(tokenizer: PreTrainedTokenizerBase):
     def log(model: PreTrainedModel, test: SplitBatches) -> str:
         import mlflow.transformers
 
-        from training_platform.registry.tracking import model_requirements
+        from training_platform.train.model_requirements import model_requirements
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # MLflow looks for a model card on the hub: nothing to fetch
         info = mlflow.transformers.log_model(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+# By the names the spec accepts (spec.MODEL_TEMPLATES).
 TEMPLATES: dict[str, str] = {
     "digits_mlp": "training_platform.train.templates.digits",
     "gpt": "training_platform.train.templates.gpt",

@@ -16,11 +16,11 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from training_platform.datasets.file_spec import FileColumns, FileExpectations, FileSplit, check_file_uri, is_file_uri
 from training_platform.errors import SpecError
 from training_platform.identifiers import K8S_NAME, SLURM_NAME
-from training_platform.train.templates import TEMPLATES as MODEL_TEMPLATES
+from training_platform.spec.file_source import FileColumns, FileExpectations, FileSplit, check_file_uri, is_file_uri
 
+MODEL_TEMPLATES = ("digits_mlp", "gpt")  # the built-in models; train/templates has the module of each
 GPU_TYPES = ("T4", "A10G", "L4", "L40S", "A100-40GB", "A100-80GB", "H100", "H200")
 DATASET_SOURCES = ("sklearn_digits", "python_stdlib_text", "digits_daily")  # digits_daily: daily drops
 STRATEGIES = ("ddp", "fsdp", "deepspeed")

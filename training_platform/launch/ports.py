@@ -5,7 +5,7 @@ its local port, or to a client that keeps dialling the port itself (TCP's simult
 to itself). The restarted server then fails with "address already in use": seen with SeaweedFS, whose
 own parts retry their master while it starts.
 
-    python -m training_platform.ports [HOST]   prints such a port free on HOST (a Slurm job's rendezvous)
+    python -m training_platform.launch.ports [HOST]   prints such a port free on HOST (a Slurm job's rendezvous)
 """
 
 from __future__ import annotations

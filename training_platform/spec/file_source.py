@@ -1,6 +1,6 @@
 """What a spec says about a file source: which columns play which role, and how rows split.
 
-Pydantic only (no pyarrow), so the spec module can import it for free; the builder is `files.py`.
+Pydantic only (no pyarrow), so the spec can import it for free; the builder is `datasets/files.py`.
 """
 
 from __future__ import annotations
