@@ -38,6 +38,7 @@ TEST_WORKERS ?= 3
 
 test: $(BIN)/tp
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-logo
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The unit tier alone, in under 3 minutes: two workers, tests dealt one at a time (no module shares a service).
@@ -53,6 +54,7 @@ ui: $(BIN)/tp
 
 lint: $(BIN)/tp
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-logo
 
 bench: $(BIN)/tp
 	for b in benchmarks/*.py; do $(BIN)/python $$b; done
