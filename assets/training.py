@@ -69,7 +69,8 @@ def training_run(
     if config.spec:
         register_submitted(home, run_id, config.spec)
     attempt = begin_attempt(run_dir, run_id)
-    # A job whose Dagster run went down is followed, not launched again (runs/following.py); a reproduction trains anew.
+    # A job whose Dagster run went down is followed, not launched again (launch/following.py); a reproduction trains
+    # anew.
     take_over = (
         None
         if attempt.is_reproduction

@@ -21,10 +21,10 @@ from resources.pipes_reader import PipesJsonLinesReader
 from training_platform.errors import LaunchError, PlatformError
 from training_platform.launch import JobHandle, JobState, JobStatus, Launcher, RunRequest
 from training_platform.launch.base import gone_after_preemption, keeps_preempted_jobs, run_files_store
+from training_platform.launch.following import FOLLOWED, JOB_ENDED, SUBMITTED, FollowedJob, Follower, newest_job
 from training_platform.launch.registry import launcher_for
 from training_platform.recovery.requeue import follow_requeued
 from training_platform.runs.events import NODE_FAILURE, RunEvents
-from training_platform.runs.following import FOLLOWED, JOB_ENDED, SUBMITTED, FollowedJob, Follower, newest_job
 from training_platform.runs.remote_files import ATTEMPT_ENV, PIPES_MESSAGES_FILE, RunFilesPuller
 from training_platform.spec.submission import LEFT_JOB_TAG
 
@@ -32,7 +32,7 @@ CANCEL_WAIT_S = 30.0
 STATUS_OUTAGE_S = 120.0  # how long the backend may fail to report the job's state before the run fails
 # What Dagster raises in a run it terminates (the UI's Terminate button, `tp cancel`): the job goes too.
 # Any other error leaves the job alone: the preemption sensor has a new run take over a job whose run stopped
-# following it (runs/following.py).
+# following it (launch/following.py).
 TERMINATED = (dg.DagsterExecutionInterruptedError, KeyboardInterrupt)
 
 

@@ -10,7 +10,7 @@ Where the engine requeued the job itself (Slurm --requeue, Kueue), it only follo
 
 A job whose Dagster run went down while it went on (the run's process killed, or failed on an error of its own)
 is taken over by a new run of the partition, which follows it to its end and materializes the run if it
-succeeded (runs/following.py). A run Dagster still shows in progress whose process is gone is marked failed first.
+succeeded (launch/following.py). A run Dagster still shows in progress whose process is gone is marked failed first.
 """
 
 import json
@@ -28,6 +28,7 @@ from training_platform.cost.charges import attempt_key, settle_spans
 from training_platform.errors import PlatformError
 from training_platform.launch import JobState, JobStatus
 from training_platform.launch.base import gone_after_preemption, keeps_preempted_jobs
+from training_platform.launch.following import FollowedJob, newest_job
 from training_platform.paths import PlatformHome
 from training_platform.recovery.preemption import (
     PreemptionSummary,
@@ -39,7 +40,6 @@ from training_platform.recovery.preemption import (
 )
 from training_platform.recovery.requeue import follow_requeued
 from training_platform.runs.events import NODE_FAILURE, TIME_LIMIT, RunEvents
-from training_platform.runs.following import FollowedJob, newest_job
 from training_platform.runs.specs import load_run_spec
 from training_platform.spec.submission import FOLLOW_TAG, LEFT_JOB_TAG, PARTITION_TAG, RESUME_TAG
 from training_platform.sweeps.trial import TrialContext

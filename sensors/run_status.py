@@ -10,8 +10,8 @@ from assets.jobs import run_asset_keys, training_pipeline
 from resources.platform import PlatformResource
 from training_platform.errors import PlatformError
 from training_platform.launch import JobState
+from training_platform.launch.following import newest_job
 from training_platform.runs.events import RunEvents
-from training_platform.runs.following import newest_job
 from training_platform.runs.specs import load_run_spec
 from training_platform.spec import TrainSpec
 from training_platform.spec.submission import PARTITION_TAG, RETRY_TAG, retry_expected

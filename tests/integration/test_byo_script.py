@@ -16,8 +16,8 @@ from training_platform.checkpoints import open_store
 from training_platform.datasets import build_snapshot
 from training_platform.launch import JobState
 from training_platform.launch.local import LOG_FILE, LocalLauncher
+from training_platform.runs.layout import TELEMETRY_FILE
 from training_platform.spec import load_spec
-from training_platform.telemetry.records import TELEMETRY_FILE
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("warm_launches")]
 

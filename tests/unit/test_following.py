@@ -8,7 +8,7 @@ from dataclasses import replace
 import psutil
 import pytest
 
-from training_platform.runs.following import Follower, newest_job
+from training_platform.launch.following import Follower, newest_job
 
 
 def _submitted(job_id: str, run: str, follower: Follower | None = None, **fields) -> dict:

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from training_platform.launch.base import (
         PREEMPTED_EXIT_CODE,
-        PREEMPTED_MARKER,
         JobHandle,
         JobState,
         JobStatus,
@@ -18,7 +17,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PREEMPTED_EXIT_CODE",
-    "PREEMPTED_MARKER",
     "JobHandle",
     "JobState",
     "JobStatus",

@@ -12,6 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
+from training_platform.runs.layout import RESULT_FILE
 from training_platform.spec import TrainSpec
 
 
@@ -32,10 +33,8 @@ class JobState(StrEnum):
 # The worker exits with this code after an emergency checkpoint, so launchers can tell a
 # preemption from a failure (EX_TEMPFAIL: "try again later").
 PREEMPTED_EXIT_CODE = 75
-# ...and leaves this file in its run directory, since torchrun/srun replace exit codes with their own.
-PREEMPTED_MARKER = "preempted.json"
-# What the worker's main rank writes when the run ends (SUCCEEDED or PRUNED): the run's result.
-RESULT_FILE = "result.json"
+# ...and leaves runs/layout.py's PREEMPTED_MARKER in its run directory, since torchrun/srun replace exit codes with
+# their own.
 # torchrun with its flags, forking pre-imported workers (see launch/agent.py): every backend runs it.
 AGENT_MODULE = "training_platform.launch.agent"
 # CPU threads per rank, where a launcher knows better than the worker's guess (its node's cores / its local ranks).

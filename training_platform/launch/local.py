@@ -19,8 +19,6 @@ from training_platform.launch import rendezvous, standby
 from training_platform.launch.base import (
     AGENT_MODULE,
     PREEMPTED_EXIT_CODE,
-    PREEMPTED_MARKER,
-    RESULT_FILE,
     THREADS_PER_RANK_ENV,
     JobHandle,
     JobState,
@@ -34,6 +32,7 @@ from training_platform.launch.frameworks import preload_environment
 from training_platform.launch.job_env import job_environment
 from training_platform.launch.node_group import Node
 from training_platform.paths import PlatformHome
+from training_platform.runs.layout import PREEMPTED_MARKER, RESULT_FILE
 from training_platform.spec import TrainSpec
 
 EXIT_CODE_FILE = "exit_code"

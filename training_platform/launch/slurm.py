@@ -31,7 +31,6 @@ from training_platform.errors import LaunchError, SpecError
 from training_platform.launch.base import (
     AGENT_MODULE,
     PREEMPTED_EXIT_CODE,
-    PREEMPTED_MARKER,
     JobHandle,
     JobState,
     JobStatus,
@@ -44,7 +43,8 @@ from training_platform.launch.rendezvous import NODES
 from training_platform.launch.slurm_cluster import ClusterInfo, SlurmCommands, parse_records, parse_scontrol_record
 from training_platform.launch.slurm_nodes import last_attempt_log, nodes_lost_in, unresponsive_nodes
 from training_platform.launch.slurm_preemption import Need, RunningJob, choose_victims, running_jobs
-from training_platform.runs.events import EVENTS_FILE, TIME_LIMIT, RunEvents
+from training_platform.runs.events import TIME_LIMIT, RunEvents
+from training_platform.runs.layout import EVENTS_FILE, PREEMPTED_MARKER
 from training_platform.spec import TrainSpec
 
 log = logging.getLogger(__name__)

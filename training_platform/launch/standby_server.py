@@ -33,6 +33,7 @@ from training_platform.launch.standby import (
     shared_address,
 )
 from training_platform.runs.events import RunEvents
+from training_platform.runs.layout import PREEMPTED_MARKER
 
 # How long the shared standby stays with nothing to serve (its imports hold ~0.4 GB).
 SHARED_IDLE_SECONDS = 1800.0
@@ -89,8 +90,6 @@ class Standby:
 
         False if the run needs no standby: its attempt ended before that step, not preempted.
         """
-        from training_platform.launch.base import PREEMPTED_MARKER
-
         events, offset = RunEvents(self.run_dir), 0
         while True:
             if self.watched is None:
@@ -159,8 +158,6 @@ class Standby:
 
     def _attempt_changed(self) -> None:
         """With no attempt running: wait for a requeue (long after a preemption, briefly otherwise)."""
-        from training_platform.launch.base import PREEMPTED_MARKER
-
         was_waiting = self.deadline is None
         if self.watched is None and not self._serving_an_attempt():
             self._watch_cold_attempt()

@@ -22,8 +22,9 @@ from training_platform.launch.base import python_executable
 from training_platform.launch.frameworks import preload_environment
 from training_platform.launch.job_env import job_environment
 from training_platform.paths import PlatformHome
+from training_platform.runs.layout import EVALUATION_FILE
 from training_platform.spec import TEMPLATE_METRICS, TrainSpec
-from training_platform.train.evaluation_mode import EVALUATION_ENV, RESULT_FILE, EvaluationRequest
+from training_platform.train.evaluation_mode import EVALUATION_ENV, EvaluationRequest
 
 LOG_FILE = "evaluation.log"
 TIMEOUT_S = 3600.0
@@ -96,7 +97,7 @@ def evaluate_script(
                 f"run {run_id}: the script's evaluation ran past {timeout_s:.0f} s (log: {log_path}); a script "
                 "resumed from its final checkpoint must not train again"
             ) from None
-    result_path = workdir / RESULT_FILE
+    result_path = workdir / EVALUATION_FILE
     if code != 0 or not result_path.is_file():
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
         raise EvaluationError(

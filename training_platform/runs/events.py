@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-EVENTS_FILE = "events.jsonl"
+from training_platform.runs.layout import EVENTS_FILE
+
 MOVED_TO_ON_DEMAND = "moved_to_on_demand"  # a requeued spot job moved to on-demand (requeue.py); priced so after
 NODE_FAILURE = "node_failure"  # a node of the job stopped answering: this attempt's ranks there are lost
 TIME_LIMIT = "time_limit"  # the scheduler's wall time limit stopped this attempt (the batch script writes it)

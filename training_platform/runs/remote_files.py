@@ -31,12 +31,9 @@ from training_platform.checkpoints.backends import open_storage
 from training_platform.checkpoints.storage import Storage
 from training_platform.errors import CheckpointError
 from training_platform.identifiers import RUN_ID, check_run_id
-from training_platform.launch.base import PREEMPTED_MARKER, RESULT_FILE
 from training_platform.paths import RUN_STORE_ENV
-from training_platform.runs.events import EVENTS_FILE
+from training_platform.runs.layout import EVENTS_FILE, PREEMPTED_MARKER, PRUNED_MARKER, RESULT_FILE, TELEMETRY_FILE
 from training_platform.state.documents import file_lock
-from training_platform.sweeps.trial import PRUNED_MARKER
-from training_platform.telemetry.records import TELEMETRY_FILE
 
 PIPES_MESSAGES_FILE = "pipes-messages.jsonl"
 GROWING = (EVENTS_FILE, PIPES_MESSAGES_FILE)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from training_platform.errors import SpecError
 from training_platform.identifiers import check_run_id
-from training_platform.launch.base import RESULT_FILE
 from training_platform.paths import PlatformHome
 from training_platform.runs.backends import open_run_registry
+from training_platform.runs.layout import RESULT_FILE
 from training_platform.spec import TrainSpec, parse_spec
 from training_platform.spec.submission import OWN_CODE_ASSETS, OWN_CODE_TAG, assets_for
 

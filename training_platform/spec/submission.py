@@ -35,7 +35,7 @@ RESUME_TAG = "tp/resume_of"
 RETRY_TAG = "tp/retry_of"
 FOLLOW_TAG = "tp/follow_of"
 """On a run that takes over the job of a Dagster run that went down (the tag names it): it follows the job to its
-end, whatever that end is, and materializes the run if it succeeded (runs/following.py)."""
+end, whatever that end is, and materializes the run if it succeeded (launch/following.py)."""
 LEFT_JOB_TAG = "tp/left_job"
 """On a run that stopped following its job while the job went on (its process died, or it failed on an error of
 its own), naming the job: a run tagged FOLLOW_TAG takes the job over, and `tp` follows into it."""

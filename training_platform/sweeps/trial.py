@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass
 from training_platform.paths import PlatformHome
 from training_platform.runs.backends import open_run_registry
 
-PRUNED_MARKER = "pruned.json"
 ENV_PREFIX = "TP_SWEEP_"
 
 

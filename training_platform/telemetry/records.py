@@ -14,8 +14,8 @@ from pathlib import Path
 
 from training_platform.paths import PlatformHome
 from training_platform.runs.backends import open_run_registry
+from training_platform.runs.layout import TELEMETRY_FILE
 
-TELEMETRY_FILE = "telemetry.json"
 FINISHED = ("SUCCEEDED", "FAILED", "CANCELED", "PREEMPTED")
 # A Dagster run's status (its name, as the instance and the GraphQL API both spell it) as a record's.
 ORCHESTRATOR_STATES = {

@@ -23,13 +23,14 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from training_platform.runs.layout import EVALUATION_FILE
+
 if TYPE_CHECKING:
     from training_platform.checkpoints import CheckpointManifest, CheckpointStore
     from training_platform.train.split_data import SplitBatches
 
 EVALUATION_ENV = "TP_EVALUATION"
 """Path of the request (JSON): set only in an evaluation process."""
-RESULT_FILE = "evaluation.json"
 
 Evaluator = Callable[[nn.Module, "SplitBatches"], Mapping[str, float]]
 ModelLogger = Callable[[nn.Module, "SplitBatches"], str]
@@ -91,7 +92,7 @@ def evaluate_model(
         "weights_sha256": weights_sha256(model.state_dict()),
         "model_uri": _log_model(model, test, request, logger or log_pytorch_model) if request.log_model_to else None,
     }
-    (run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))
+    (run_dir / EVALUATION_FILE).write_text(json.dumps(result, indent=2))
     return result
 
 

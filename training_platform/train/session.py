@@ -41,9 +41,10 @@ import torch
 
 from training_platform.checkpoints import CheckpointCadence, CheckpointManifest, CheckpointStore, open_store
 from training_platform.checkpoints.interval import FIRST_AUTO_STEPS, ON_DEMAND_MTBF_SECONDS, SPOT_MTBF_SECONDS
-from training_platform.launch.base import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER, RESULT_FILE
+from training_platform.launch.base import PREEMPTED_EXIT_CODE
 from training_platform.paths import PlatformHome
 from training_platform.runs.events import RunEvents
+from training_platform.runs.layout import PREEMPTED_MARKER, PRUNED_MARKER, RESULT_FILE
 from training_platform.spec import TrainSpec, parse_spec
 from training_platform.telemetry.worker import WorkerTelemetry
 from training_platform.train import distributed, spot_notice
@@ -527,8 +528,6 @@ class TrainingSession:
 
     def _leave_pruned(self, step: int) -> int:
         """A pruned trial ends cleanly (exit 0) after its checkpoint, with status PRUNED in its result."""
-        from training_platform.sweeps.trial import PRUNED_MARKER
-
         self._close_checkpointer()
         self._event("pruned", step=step)
         if self.dist.is_main:

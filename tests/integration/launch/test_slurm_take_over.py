@@ -9,10 +9,10 @@ from tests.fixtures.materialize import materialize_in_subprocess, materialize_pa
 from tests.fixtures.worker import wait_until
 from training_platform.datasets import build_snapshot
 from training_platform.launch import JobState
+from training_platform.launch.following import newest_job
 from training_platform.launch.slurm import SlurmLauncher
 from training_platform.paths import PlatformHome
 from training_platform.runs.events import RunEvents
-from training_platform.runs.following import newest_job
 from training_platform.runs.specs import read_result, register_run
 from training_platform.spec import parse_spec
 from training_platform.spec.submission import FOLLOW_TAG, LEFT_JOB_TAG

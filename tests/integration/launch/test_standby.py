@@ -13,8 +13,8 @@ import pytest
 
 from tests.fixtures.worker import wait_until
 from training_platform.launch import standby
-from training_platform.launch.base import PREEMPTED_MARKER
 from training_platform.runs.events import RunEvents
+from training_platform.runs.layout import PREEMPTED_MARKER
 from training_platform.telemetry.samplers import local_training_processes
 
 pytestmark = pytest.mark.integration
