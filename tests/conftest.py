@@ -38,6 +38,19 @@ def pytest_configure(config) -> None:
         config.pluginmanager.register(ModuleGroupsOnOneWorker())
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_config_home(tmp_path_factory):
+    """`tp login` and a server's first admin save tokens under $XDG_CONFIG_HOME (client/credentials.py): the suite's
+    go to a directory of its own, never to the developer's ~/.config."""
+    before = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))
+    yield
+    if before is None:
+        os.environ.pop("XDG_CONFIG_HOME", None)
+    else:
+        os.environ["XDG_CONFIG_HOME"] = before
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _no_stale_dagster_state():
     """Each test module starts with no current Dagster state storage.

@@ -18,8 +18,12 @@ RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 # Kubernetes namespaces, service accounts, LocalQueues and Secrets: a DNS-1123 label.
 K8S_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+# Users of the platform (teams.yaml's admins and members, token owners, a run's owner): a login name as POSIX
+# systems spell one, so the first admin can be the account that started the server.
+USER_NAME = r"^[a-z_][a-z0-9_.-]{0,31}$"
 
 _RUN_ID = re.compile(RUN_ID)
+_USER_NAME = re.compile(USER_NAME)
 
 
 def check_run_id(run_id: str, what: str = "run id", fix: str = "pick another partition key") -> str:
@@ -30,6 +34,16 @@ def check_run_id(run_id: str, what: str = "run id", fix: str = "pick another par
             f"letter or digit (no '/', no '..'); {fix}"
         )
     return run_id
+
+
+def check_user_name(user: str) -> str:
+    """`user` itself, or a SpecError naming it and the allowed form."""
+    if not isinstance(user, str) or not _USER_NAME.fullmatch(user):
+        raise SpecError(
+            f"user name {user!r} is not allowed: use 1-32 lowercase letters, digits, '_', '.' or '-', starting with a "
+            "letter or '_' (a login name)"
+        )
+    return user
 
 
 def contained(root: Path, *parts: str) -> Path:

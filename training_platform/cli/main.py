@@ -27,6 +27,7 @@ from rich.table import Table
 from training_platform.cli import checkpoints as checkpoints_cli
 from training_platform.cli import lifecycle as lifecycle_commands
 from training_platform.cli import runs as runs_cli
+from training_platform.cli.auth import admin_app, login
 from training_platform.cli.common import JsonFlag, client, console, emit, fail, follow_run, home, say
 from training_platform.cli.cost import cost_app
 from training_platform.cli.server import server_app
@@ -54,6 +55,7 @@ from training_platform.spec import BACKENDS, TrainSpec, load_spec, parse_spec
 from training_platform.sweeps import load_sweep
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train, track and reproduce models.")
+app.add_typer(admin_app, name="admin")
 app.add_typer(cost_app, name="cost")
 app.add_typer(server_app, name="server")
 app.add_typer(snapshots_app, name="snapshots")
@@ -462,6 +464,9 @@ def render(
         print(redact(json.dumps(shown, default=str)))
     else:
         print(plan.render())  # redacted
+
+
+app.command()(login)  # listed after the commands that run things
 
 
 def main() -> None:  # pragma: no cover - console script entry

@@ -1,11 +1,13 @@
 """Where `tp` finds the platform server: `TP_SERVER_URL` (a team's server), else the home's own server,
-started in the background when it is not running (so `make demo` stays one command)."""
+started in the background when it is not running (so `make demo` stays one command); and the token it sends there
+(credentials.py)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
 
+from training_platform.client.credentials import home_key, saved_token, server_key
 from training_platform.client.graphql import PlatformClient
 from training_platform.paths import PlatformHome
 from training_platform.server.local import LocalServer, ServerError, location_problem
@@ -23,11 +25,11 @@ def connect(home: PlatformHome, start: bool = True, say: Callable[[str], None] =
                 f"the platform server at {url} ({SERVER_URL_ENV}) is not ready: {problem}; "
                 f"check that it runs, or unset {SERVER_URL_ENV} to use this machine's own server"
             )
-        return PlatformClient(url)
+        return PlatformClient(url, token=saved_token(server_key(url)))
     server = LocalServer(home)
     state = server.running()
     if state is None:
         if not start:
             raise ServerError(f"the platform server of {home.root} is not running; start it with `tp server start`")
         state = server.start(say=say)
-    return PlatformClient(state.url)
+    return PlatformClient(state.url, token=saved_token(home_key(home.root), server_key(state.url)))

@@ -160,14 +160,16 @@ _BACKFILL = """mutation($params: LaunchBackfillParams!) { launchPartitionBackfil
 
 
 class PlatformClient:
-    """The platform server at `url` (the webserver's address, e.g. http://127.0.0.1:3000)."""
+    """The platform server at `url` (the webserver's address, e.g. http://127.0.0.1:3000), as the user whose
+    `token` it sends (client/credentials.py)."""
 
-    def __init__(self, url: str, timeout_s: int = 60):
+    def __init__(self, url: str, timeout_s: int = 60, token: str | None = None):
         self.url = url.rstrip("/")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ClientError(f"{url!r} is not a platform server's address; write it as http://host:port")
         self.timeout_s = timeout_s
+        self.token = token
 
     # ----- transport --------------------------------------------------------------------------
     def query(self, document: str, **variables: Any) -> dict[str, Any]:
@@ -175,7 +177,8 @@ class PlatformClient:
         request = urllib.request.Request(
             f"{self.url}/graphql",
             data=json.dumps({"query": document, "variables": variables}).encode(),
-            headers={"Content-Type": "application/json", "Accept": "application/json"},
+            headers={"Content-Type": "application/json", "Accept": "application/json"}
+            | ({"Authorization": f"Bearer {self.token}"} if self.token else {}),
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:

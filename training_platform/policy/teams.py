@@ -10,6 +10,7 @@ examples use, so ``make demo`` runs on a fresh clone.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -17,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from training_platform.errors import SpecError
-from training_platform.identifiers import K8S_NAME, SLURM_NAME
+from training_platform.identifiers import K8S_NAME, SLURM_NAME, USER_NAME, check_user_name
 
 TEAMS_FILE = "teams.yaml"
 TEAMS_ENV = "TP_TEAMS"
@@ -27,6 +28,7 @@ EXAMPLE_TEAM = "ml-platform"  # the team of every spec in examples/
 _TEAM_NAME = r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$"  # TrainSpec.team's pattern
 SlurmName = Annotated[str, Field(pattern=SLURM_NAME)]
 K8sName = Annotated[str, Field(pattern=K8S_NAME)]
+UserName = Annotated[str, Field(pattern=USER_NAME)]
 
 
 class _Strict(BaseModel):
@@ -68,6 +70,10 @@ class Team(_Strict):
 
 
 class TeamsFile(_Strict):
+    admins: tuple[UserName, ...] = Field(
+        (), description="the platform's operators: they may act for any team; the first `tp server start` of a home "
+        "writes the account that started it here"
+    )
     teams: dict[Annotated[str, Field(pattern=_TEAM_NAME)], Team] = Field(
         ..., description="one entry per team, by the name specs give in `team`"
     )
@@ -84,12 +90,17 @@ def load_teams(home_root: Path) -> tuple[TeamsFile, Path]:
         if os.environ.get(TEAMS_ENV):
             raise SpecError(f"{TEAMS_ENV}={path} does not exist; point it at a teams file or unset it")
         seed_teams_file(Path(home_root))
+    return read_teams_file(path), path
+
+
+def read_teams_file(path: Path) -> TeamsFile:
+    """The teams file at PATH, validated; a SpecError naming the entry to fix."""
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML ({exc.__class__.__name__}); fix the syntax") from None
     try:
-        return TeamsFile.model_validate(data if data is not None else {}), path
+        return TeamsFile.model_validate(data if data is not None else {})
     except ValidationError as exc:
         from training_platform.spec import format_validation_error
 
@@ -126,6 +137,7 @@ SEED_HEADER = """\
 # The teams of this platform home (training_platform/policy/teams.py). A spec's `team` must be declared
 # here, and it may use only its own team's namespace, queue, service account, Secrets, Slurm
 # account, partitions and QoS. Fields left out take the defaults shown in the first entry.
+admins: []                   # the platform's operators; the first `tp server start` writes its account here
 """
 
 
@@ -147,6 +159,27 @@ def _entry(name: str, monthly_usd: float | None) -> str:
       partitions: [spot, ondemand]
       qos: [low, normal, high]
 """
+
+
+def add_first_admin(path: Path, user: str) -> bool:
+    """Make USER the first admin of the teams file at PATH: True if it had none and names USER now; False if it
+    names admins already (USER among them or not). The file's comments and layout are kept."""
+    check_user_name(user)
+    if read_teams_file(path).admins:
+        return False
+    lines = path.read_text().splitlines(keepends=True)
+    entry = f"admins: [{user}]\n"
+    at = next((i for i, line in enumerate(lines) if re.match(r"admins\s*:", line)), None)
+    if at is not None:
+        comment = lines[at].partition("#")[2].strip()
+        lines[at] = entry if not comment else f"admins: [{user}]  # {comment}\n"
+    else:
+        at = next((i for i, line in enumerate(lines) if re.match(r"teams\s*:", line)), 0)
+        lines.insert(at, entry)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(lines))
+    os.replace(tmp, path)
+    return user in read_teams_file(path).admins
 
 
 def _legacy_budgets(path: Path) -> dict[str, float]:

@@ -40,6 +40,7 @@ from training_platform.errors import PlatformError
 from training_platform.launch import process_start
 from training_platform.launch.ports import free_listening_port
 from training_platform.paths import SOURCE_CHECKOUT, PlatformHome
+from training_platform.server.first_admin import ensure_first_admin
 from training_platform.shipped import INSTANCE_CONFIG
 from training_platform.spec.submission import LOCATION
 
@@ -180,6 +181,7 @@ class LocalServer:
     def start(self, port: int | None = None, say=print) -> ServerState:
         """Start whatever part is not running (all of them on a fresh home); wait until runs can be submitted."""
         self._check_writable()
+        ensure_first_admin(self.home, say)
         with self._start_lock():
             state = self.state()
             alive = state.alive() if state else dict.fromkeys(COMPONENTS, False)

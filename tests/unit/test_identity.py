@@ -1,0 +1,174 @@
+"""Who you are to the platform (issue 63, first slice): the admins of teams.yaml, tokens kept only as hashes, the
+account that starts a home's server as its first admin, `tp login`, and the token `tp` sends with each request."""
+
+from __future__ import annotations
+
+import getpass
+import http.server
+import json
+import stat
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.platform import TP, platform_env
+from training_platform.client.credentials import home_key, save_token, saved_token, server_key
+from training_platform.client.graphql import PlatformClient
+from training_platform.errors import PlatformError, SpecError
+from training_platform.paths import PlatformHome
+from training_platform.policy.teams import add_first_admin, load_teams, read_teams_file, seed_teams_file
+from training_platform.server.first_admin import ensure_first_admin
+from training_platform.server.tokens import TokenStore
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_token_is_shown_once_kept_as_a_hash_and_names_its_user(tmp_path):
+    store = TokenStore(tmp_path)
+    token = store.create("alice", label="laptop")
+    other = store.create("bob")
+    assert token.startswith("tp_") and len(token) > 40 and token != other
+    assert store.user_of(token) == "alice" and store.user_of(other) == "bob"
+    assert store.user_of(token + "x") is None and store.user_of("tp_guessed") is None and store.user_of("") is None
+    kept = store.path.read_text()
+    assert token not in kept and other not in kept  # only hashes
+    assert _mode(store.path) == 0o600 and _mode(store.directory) == 0o700
+    assert [(r.user, r.label) for r in store.tokens()] == [("alice", "laptop"), ("bob", "")]
+    assert store.revoke("alice") == 1 and store.user_of(token) is None and store.user_of(other) == "bob"
+
+
+@pytest.mark.parametrize("user", ["", "Alice", "../bob", "a b", "x" * 40, "alice\nbob"])
+def test_a_user_name_that_is_not_a_login_name_gets_no_token(tmp_path, user):
+    with pytest.raises(SpecError, match="is not allowed: use 1-32 lowercase letters"):
+        TokenStore(tmp_path).create(user)
+
+
+def test_tp_token_wins_and_a_saved_token_is_for_its_owner_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("TP_TOKEN", raising=False)
+    assert saved_token(server_key("http://127.0.0.1:3000")) is None
+    path = save_token("tp_saved", server_key("http://127.0.0.1:3000/"), home_key(tmp_path / "home"))
+    assert _mode(path) == 0o600 and _mode(path.parent) == 0o700
+    assert saved_token(server_key("HTTP://127.0.0.1:3000")) == "tp_saved"
+    assert saved_token(home_key(tmp_path / "home")) == "tp_saved"
+    assert saved_token(server_key("http://127.0.0.1:3001")) is None
+    monkeypatch.setenv("TP_TOKEN", "tp_from_ci")
+    assert saved_token(server_key("http://127.0.0.1:3000")) == "tp_from_ci"
+    with pytest.raises(PlatformError, match="is not a server URL"):
+        server_key("127.0.0.1:3000")
+
+
+def test_the_first_admin_is_written_into_the_teams_file_with_its_comments_kept(tmp_path):
+    path = seed_teams_file(tmp_path)
+    assert read_teams_file(path).admins == ()
+    assert add_first_admin(path, "alice") is True
+    text = path.read_text()
+    assert "admins: [alice]  # the platform's operators" in text and "# The teams of this platform home" in text
+    assert read_teams_file(path).admins == ("alice",)
+    assert add_first_admin(path, "bob") is False  # there is an admin already
+    assert read_teams_file(path).admins == ("alice",)
+
+
+def test_a_teams_file_without_admins_gets_the_line_before_its_teams(tmp_path):
+    (tmp_path / "teams.yaml").write_text("# ours\nteams:\n  team-a:\n    members: [alice]\n")
+    assert add_first_admin(tmp_path / "teams.yaml", "carol") is True
+    assert (tmp_path / "teams.yaml").read_text() == "# ours\nadmins: [carol]\nteams:\n  team-a:\n    members: [alice]\n"
+
+
+def test_an_admin_that_is_no_login_name_is_refused_naming_the_file(tmp_path):
+    (tmp_path / "teams.yaml").write_text("admins: [Not Valid]\nteams: {}\n")
+    with pytest.raises(SpecError, match="teams.yaml"):
+        read_teams_file(tmp_path / "teams.yaml")
+
+
+def test_the_account_that_starts_a_homes_server_is_its_first_admin_and_its_tp_finds_the_token(tmp_path, monkeypatch):
+    monkeypatch.delenv("TP_TEAMS", raising=False)
+    monkeypatch.delenv("TP_TOKEN", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    home = PlatformHome(tmp_path / "home")
+    said = []
+    user = getpass.getuser()
+    assert ensure_first_admin(home, said.append) == user
+    assert load_teams(home.root)[0].admins == (user,)
+    token = saved_token(home_key(home.root))
+    assert TokenStore(home.root).user_of(token) == user
+    assert len(said) == 1 and "first admin" in said[0]
+    assert ensure_first_admin(home, said.append) is None  # once
+    assert len(TokenStore(home.root).tokens()) == 1
+
+
+def test_a_teams_file_the_operator_names_is_left_as_it_is(tmp_path, monkeypatch):
+    teams = tmp_path / "ours.yaml"
+    teams.write_text("teams:\n  team-a: {}\n")
+    monkeypatch.setenv("TP_TEAMS", str(teams))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    assert ensure_first_admin(PlatformHome(tmp_path / "home")) is None
+    assert teams.read_text() == "teams:\n  team-a: {}\n"
+    assert not (tmp_path / "config").exists()
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    seen: list[str | None] = []
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        _Recorder.seen.append(self.headers.get("Authorization"))
+        body = json.dumps({"data": {"ok": True}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_tp_sends_its_token_with_each_request_and_nothing_without_one():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert PlatformClient(url, token="tp_abc").query("{ ok }") == {"ok": True}
+        assert PlatformClient(url).query("{ ok }") == {"ok": True}
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _Recorder.seen == ["Bearer tp_abc", None]
+
+
+def _tp(home: Path, *args: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [TP, *args], env=platform_env(home, **env), input=stdin, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_an_admin_creates_a_members_token_which_they_keep_with_tp_login(tmp_path):
+    home, config = tmp_path / "home", tmp_path / "config"
+    (tmp_path / "teams.yaml").write_text("admins: [root]\nteams:\n  team-a:\n    members: [alice]\n")
+    settings = {"TP_TEAMS": str(tmp_path / "teams.yaml"), "XDG_CONFIG_HOME": str(config)}
+    refused = _tp(home, "admin", "token", "create", "mallory", **settings)
+    assert refused.returncode == 2 and "'mallory' is neither an admin nor a member" in refused.stderr
+    assert refused.stdout == ""
+    created = _tp(home, "admin", "token", "create", "alice", "--label", "ci", **settings)
+    assert created.returncode == 0, created.stderr
+    token = created.stdout.strip()  # the result on stdout, the message on stderr
+    assert token.startswith("tp_") and "shown only now" in created.stderr
+    assert TokenStore(home).user_of(token) == "alice"
+    listed = _tp(home, "admin", "token", "list", "--json", **settings)
+    assert [(t["user"], t["label"]) for t in json.loads(listed.stdout)] == [("alice", "ci")]
+    assert token not in listed.stdout
+
+    wrong = _tp(home, "login", "--token-stdin", stdin="not-a-token\n", **settings)
+    assert wrong.returncode == 2 and "not a platform token" in wrong.stderr
+    logged_in = _tp(home, "login", "--token-stdin", stdin=token + "\n", **settings)
+    assert logged_in.returncode == 0, logged_in.stderr
+    saved = json.loads((config / "tp" / "credentials.json").read_text())["tokens"]
+    assert saved == {home_key(home): token}
+    revoked = _tp(home, "admin", "token", "revoke", "alice", **settings)
+    assert revoked.returncode == 0 and TokenStore(home).user_of(token) is None
