@@ -9,7 +9,7 @@ libraries its steps use (torch, MLflow): a run's process is a fork of an interpr
 The fork server is a fresh interpreter that starts no Python thread (not a fork of this multi-threaded server), so
 forking from it is safe, and each run's process gets the arguments spawn gave it.
 
-    python -m training_platform_dagster.code_server -m definitions -h 127.0.0.1 -p PORT ...   (dagster api grpc's)
+    python -m training_platform_dagster.code_server -m definitions --socket PATH ...   (dagster api grpc's)
 
 The fork server and its run processes stay in this process's group: stopping the group stops them too. What the
 fork server imported is what runs use until the server restarts (`tp server stop`, then start): a change to the

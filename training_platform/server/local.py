@@ -9,7 +9,8 @@ The three processes, as a team deployment runs them (Dagster's `dagster dev` doe
 stops everything when one part dies):
 - the code server loads `definitions` once and starts each run in a process of its own, forked from a
   warm interpreter (training_platform_dagster/code_server.py), so runs start in a fraction of a second and
-  outlive a webserver or daemon restart;
+  outlive a webserver or daemon restart. It listens on a Unix socket in a directory only the server's
+  account can enter (no TCP port: any local process could ask it to run code);
 - the webserver serves the UI and the GraphQL API that `tp` is a client of;
 - the daemon dequeues runs (the queued run coordinator of deploy/dagster/dagster.yaml: per-team
   limits and priorities), and runs sensors, schedules and backfills.
@@ -22,10 +23,12 @@ import copy
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -38,7 +41,6 @@ import yaml
 
 from training_platform.errors import PlatformError
 from training_platform.launch import process_start
-from training_platform.launch.ports import free_listening_port
 from training_platform.paths import SOURCE_CHECKOUT, PlatformHome
 from training_platform.server.first_admin import ensure_first_admin
 from training_platform.shipped import INSTANCE_CONFIG
@@ -132,7 +134,7 @@ class ServerProcess:
 @dataclass
 class ServerState:
     port: int
-    grpc_port: int
+    code_socket: str | None  # None: recorded by a version whose code server listened on a TCP port
     processes: dict[str, ServerProcess] = field(default_factory=dict)
 
     @property
@@ -158,7 +160,7 @@ class LocalServer:
         try:
             raw = json.loads(self.state_file.read_text())
             processes = {name: ServerProcess(**p) for name, p in raw.get("processes", {}).items()}
-            return ServerState(int(raw["port"]), int(raw["grpc_port"]), processes)
+            return ServerState(int(raw["port"]), raw.get("code_socket"), processes)
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -184,12 +186,17 @@ class LocalServer:
         ensure_first_admin(self.home, say)
         with self._start_lock():
             state = self.state()
+            if state is not None and state.code_socket is None:  # an older version's server: started anew
+                self._stop_processes(state, STOP_TIMEOUT_S)
+                state = None
             alive = state.alive() if state else dict.fromkeys(COMPONENTS, False)
             if state is None or not any(alive.values()):
-                state = ServerState(port or _default_port(), free_listening_port())
+                if state is not None:
+                    _remove_socket_dir(state.code_socket)
+                state = ServerState(port or _default_port(), _new_code_socket())
                 _check_port_free(state.port)
                 self._write_instance_config(say)
-                self._write_workspace(state.grpc_port)
+                self._write_workspace(state.code_socket)
             elif port is not None and port != state.port:
                 raise ServerError(
                     f"the platform server of {self.home.root} already runs on port {state.port}; "
@@ -220,7 +227,7 @@ class LocalServer:
             # Dagster's gRPC server, starting runs from a warm fork server (training_platform_dagster/code_server.py).
             "code-server": [
                 sys.executable, "-m", "training_platform_dagster.code_server", "-m", LOCATION, "--location-name",
-                LOCATION, "-h", "127.0.0.1", "-p", str(state.grpc_port), "--working-directory", str(workdir),
+                LOCATION, "--socket", str(state.code_socket), "--working-directory", str(workdir),
             ],
             "webserver": [
                 str(bin_dir / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(state.port), "-w", str(self.workspace),
@@ -250,7 +257,7 @@ class LocalServer:
 
     def _wait_for_grpc(self, state: ServerState) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not _port_open(state.grpc_port):
+        while not _socket_open(state.code_socket):
             self._fail_if_dead(state, "code-server")
             if time.monotonic() > deadline:
                 log = self.log_path("code-server")
@@ -302,15 +309,13 @@ class LocalServer:
             say(f"note: {target} does not use the platform's queue (TeamQueuedRunCoordinator): per-team limits "
                 f"and priorities do not apply; see {SHIPPED_INSTANCE}")
 
-    def _write_workspace(self, grpc_port: int) -> None:
-        self.workspace.write_text(
-            "load_from:\n  - grpc_server:\n      host: 127.0.0.1\n"
-            f"      port: {grpc_port}\n      location_name: {LOCATION}\n"
-        )
+    def _write_workspace(self, code_socket: str) -> None:
+        workspace = {"load_from": [{"grpc_server": {"socket": code_socket, "location_name": LOCATION}}]}
+        self.workspace.write_text(yaml.safe_dump(workspace, sort_keys=False))
 
     def _save(self, state: ServerState) -> None:
         tmp = self.state_file.with_suffix(".tmp")
-        payload = {"port": state.port, "grpc_port": state.grpc_port}
+        payload = {"port": state.port, "code_socket": state.code_socket}
         payload["processes"] = {name: asdict(p) for name, p in state.processes.items()}
         tmp.write_text(json.dumps(payload, indent=2))
         tmp.replace(self.state_file)
@@ -344,14 +349,19 @@ class LocalServer:
             state = self.state()
             if state is None:
                 return []
-            stopped = []
-            for name in reversed(COMPONENTS):
-                process = state.processes.get(name)
-                if process is not None and process.alive():
-                    _stop_group(process, timeout_s)
-                    stopped.append(name)
+            stopped = self._stop_processes(state, timeout_s)
+            _remove_socket_dir(state.code_socket)
             self.state_file.unlink(missing_ok=True)
             return stopped
+
+    def _stop_processes(self, state: ServerState, timeout_s: float) -> list[str]:
+        stopped = []
+        for name in reversed(COMPONENTS):
+            process = state.processes.get(name)
+            if process is not None and process.alive():
+                _stop_group(process, timeout_s)
+                stopped.append(name)
+        return stopped
 
 
 # Written by earlier versions of `tp` into a new home: no queue, so it is replaced by the shipped config.
@@ -397,10 +407,29 @@ def _check_port_free(port: int) -> None:
             ) from None
 
 
-def _port_open(port: int) -> bool:
-    with socket.socket() as probe:
+# The code server's socket: in a directory of its own, made by mkdtemp (0700, a name no one can take first), under
+# the temporary directory because a socket's path may not exceed 107 bytes and a home's path may be long.
+SOCKET_DIR_PREFIX = "tp-server-"
+CODE_SOCKET = "code-server.sock"
+
+
+def _new_code_socket() -> str:
+    return str(Path(tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX)) / CODE_SOCKET)
+
+
+def _remove_socket_dir(code_socket: str | None) -> None:
+    """The socket's directory, if it is one `_new_code_socket` made (a record is not trusted to name another)."""
+    if code_socket is None:
+        return
+    directory = Path(code_socket).parent
+    if directory.parent == Path(tempfile.gettempdir()) and directory.name.startswith(SOCKET_DIR_PREFIX):
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _socket_open(path: str | None) -> bool:
+    with socket.socket(socket.AF_UNIX) as probe:
         probe.settimeout(1.0)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+        return path is not None and probe.connect_ex(path) == 0
 
 
 def _answers(url: str) -> bool:

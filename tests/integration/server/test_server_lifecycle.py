@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
+from pathlib import Path
 
 import psutil
 import pytest
@@ -30,6 +32,13 @@ def test_start_status_and_stop_end_exactly_what_started(tmp_path):
     processes = json.loads((home / "server" / "server.json").read_text())["processes"]
     groups = {name: _group(p["pid"]) for name, p in processes.items()}
     assert all(groups.values()), groups  # each part with the processes it started (the code server's gRPC child)
+    # The code server answers on a Unix socket only its account can reach, and on no TCP port.
+    code_socket = Path(json.loads((home / "server" / "server.json").read_text())["code_socket"])
+    assert code_socket.is_socket() and stat.S_IMODE(code_socket.parent.stat().st_mode) == 0o700
+    listening = [
+        c.laddr for p in groups["code-server"] if _alive(p) for c in p.net_connections("inet") if c.status == "LISTEN"
+    ]
+    assert listening == [], listening
 
     again = platform.tp("server", "start")  # a running server is kept, not doubled
     assert again.returncode == 0 and "starting" not in again.stderr
@@ -40,6 +49,7 @@ def test_start_status_and_stop_end_exactly_what_started(tmp_path):
     assert sorted(last_json(stopped)["stopped"]) == ["code-server", "daemon", "webserver"]
     left = [p for group in groups.values() for p in group if _alive(p)]
     assert not left, left
+    assert not code_socket.parent.exists()
     assert platform.tp("server", "status").returncode == 1
 
 
