@@ -94,7 +94,7 @@ def login(
     as_json: JsonFlag = False,
 ) -> None:
     """Keep your token for the platform server (TP_SERVER_URL, else this home's own server)."""
-    token = sys.stdin.readline().strip() if token_stdin else typer.prompt("token", hide_input=True).strip()
+    token = sys.stdin.readline().strip() if token_stdin else typer.prompt("token", hide_input=True, err=True).strip()
     try:
         if not token.startswith(PREFIX):
             raise SpecError(f"that is not a platform token (they start with {PREFIX!r}); ask an admin for one")
