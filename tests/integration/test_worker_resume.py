@@ -234,7 +234,9 @@ def test_a_dead_rank_restarts_the_group_from_the_newest_checkpoint(home, uninter
     log = (home / "runs" / "rank-died" / LOG_FILE).read_text()
     assert status.state == JobState.SUCCEEDED, log[-3000:]
     result = json.loads((home / "runs" / "rank-died" / "result.json").read_text())
-    assert result["resumed_from_step"] in (20, 40)
+    # The newest checkpoint when the rank died: on a busy machine the 60 steps can all be done (and the final one
+    # saved) between the wait for step 25 and the kill, which then lands on the final steps' teardown.
+    assert result["resumed_from_step"] in (20, 40, 60)
     assert result["final_weights_sha256"] == uninterrupted["final_weights_sha256"]
     (interruption,) = summarize(RunEvents(home / "runs" / "rank-died").read()).interruptions
     assert interruption.kind == "killed"
