@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from training_platform.errors import PlatformError
+from training_platform.state.private_files import write_private
 
 TOKEN_ENV = "TP_TOKEN"
 CREDENTIALS_FILE = "credentials.json"
@@ -46,15 +47,7 @@ def saved_token(*keys: str) -> str | None:
 def save_token(token: str, *keys: str) -> Path:
     """Keep TOKEN under each of KEYS, for this account only; the file's path."""
     path = credentials_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
-    saved = _read() | dict.fromkeys(keys, token)
-    partial = path.with_name(path.name + ".partial")
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(descriptor, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        json.dump({"tokens": saved}, out, indent=2)
-    os.replace(partial, path)
+    write_private(path, json.dumps({"tokens": _read() | dict.fromkeys(keys, token)}, indent=2))
     return path
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from training_platform.errors import PlatformError
 from training_platform.identifiers import check_user_name
 from training_platform.state.documents import file_lock
+from training_platform.state.private_files import write_private
 
 AUTH_DIR = "auth"
 TOKENS_FILE = "tokens.json"
@@ -88,14 +89,7 @@ class TokenStore:
         return [TokenRecord(**entry) for entry in raw.get("tokens", [])]
 
     def _write(self, records: list[TokenRecord]) -> None:
-        partial = self.path.with_name(self.path.name + ".partial")
-        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(descriptor, 0o600)  # a partial file left by an earlier writer keeps its mode otherwise
-        with os.fdopen(descriptor, "w") as out:
-            json.dump({"tokens": [asdict(record) for record in records]}, out, indent=2)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(partial, self.path)
+        write_private(self.path, json.dumps({"tokens": [asdict(record) for record in records]}, indent=2))
 
 
 def _digest(token: str) -> str:
