@@ -49,6 +49,7 @@ test-unit: $(BIN)/tp
 # Ctrl-C stops the MLflow UI; the platform server goes on until `tp server stop`.
 ui: $(BIN)/tp
 	$(BIN)/tp server start
+	@echo "The platform's UI asks for a token: paste the one \`$(BIN)/tp token\` prints" >&2
 	@echo "MLflow UI on http://127.0.0.1:5000 (Ctrl-C stops it)"
 	$(BIN)/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///$(TP_HOME)/mlflow.db
 

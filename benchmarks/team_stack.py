@@ -37,7 +37,7 @@ import yaml  # noqa: E402
 
 from tests.fixtures.platform import Platform, last_json, running_platform  # noqa: E402
 from tests.fixtures.team_stack import running_stack  # noqa: E402
-from training_platform.client.graphql import FINISHED, PlatformClient  # noqa: E402
+from training_platform.client.graphql import FINISHED  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "digits.yaml"
 TEAMS = ("team-a", "team-b", "team-c", "team-d")
@@ -83,7 +83,7 @@ def queue_to_start(platform: Platform, specs: list[Path]) -> list[float]:
 
     with ThreadPoolExecutor(len(specs)) as pool:
         run_ids = list(pool.map(submit, specs))
-    client = PlatformClient(platform.url)
+    client = platform.client()
     deadline = time.monotonic() + 1800
     while True:
         runs = [client.run(run_id) for run_id in run_ids]

@@ -15,12 +15,13 @@ import pytest
 
 from tests.fixtures.platform import TP, platform_env
 from training_platform.client.credentials import home_key, save_token, saved_token, server_key
-from training_platform.client.graphql import PlatformClient
+from training_platform.client.graphql import ClientError, PlatformClient
 from training_platform.errors import PlatformError, SpecError
 from training_platform.paths import PlatformHome
 from training_platform.policy.teams import add_first_admin, load_teams, read_teams_file, seed_teams_file
 from training_platform.server.first_admin import ensure_first_admin
-from training_platform.server.tokens import TokenStore
+from training_platform.server.local import LocalServer
+from training_platform.server.tokens import SERVER_USER, TokenStore
 
 
 def _mode(path: Path) -> int:
@@ -39,6 +40,27 @@ def test_a_token_is_shown_once_kept_as_a_hash_and_names_its_user(tmp_path):
     assert _mode(store.path) == 0o600 and _mode(store.directory) == 0o700
     assert [(r.user, r.label) for r in store.tokens()] == [("alice", "laptop"), ("bob", "")]
     assert store.revoke("alice") == 1 and store.user_of(token) is None and store.user_of(other) == "bob"
+
+
+def test_the_servers_own_token_is_renewed_and_its_user_is_no_persons(tmp_path):
+    store = TokenStore(tmp_path)
+    alice = store.create("alice")
+    first = store.renew_server_token()
+    second = store.renew_server_token()
+    assert store.user_of(first) is None and store.user_of(second) == SERVER_USER  # one at a time
+    assert store.user_of(alice) == "alice"
+    with pytest.raises(PlatformError, match="the platform server's own user"):
+        store.create(SERVER_USER)
+
+
+def test_a_revocation_counts_at_once_for_a_server_that_read_the_tokens_before(tmp_path):
+    serving = TokenStore(tmp_path)  # the webserver's, which keeps what it read while the file is unchanged
+    token = TokenStore(tmp_path).create("alice")
+    assert serving.user_of(token) == "alice"
+    TokenStore(tmp_path).revoke("alice")  # `tp admin token revoke`, another process
+    assert serving.user_of(token) is None
+    again = TokenStore(tmp_path).create("alice")
+    assert serving.user_of(again) == "alice"
 
 
 @pytest.mark.parametrize("user", ["", "Alice", "../bob", "a b", "x" * 40, "alice\nbob"])
@@ -117,8 +139,9 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 - http.server's name
         self.rfile.read(int(self.headers["Content-Length"]))
         _Recorder.seen.append(self.headers.get("Authorization"))
-        body = json.dumps({"data": {"ok": True}}).encode()
-        self.send_response(200)
+        known = self.headers.get("Authorization") == "Bearer tp_abc"
+        body = json.dumps({"data": {"ok": True}} if known else {"error": "sign in"}).encode()
+        self.send_response(200 if known else 401)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -135,11 +158,16 @@ def test_tp_sends_its_token_with_each_request_and_nothing_without_one():
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         assert PlatformClient(url, token="tp_abc").query("{ ok }") == {"ok": True}
-        assert PlatformClient(url).query("{ ok }") == {"ok": True}
+        # A refusal names what was sent and the fix, not "did not answer".
+        refused = r"does not know you \(no token: you sent none; it said: sign in\).*tp login"
+        with pytest.raises(ClientError, match=refused):
+            PlatformClient(url).query("{ ok }")
+        with pytest.raises(ClientError, match="does not know you \\(the token you sent"):
+            PlatformClient(url, token="tp_revoked").query("{ ok }")
     finally:
         server.shutdown()
         server.server_close()
-    assert _Recorder.seen == ["Bearer tp_abc", None]
+    assert _Recorder.seen == ["Bearer tp_abc", None, "Bearer tp_revoked"]
 
 
 def _tp(home: Path, *args: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess:
@@ -170,5 +198,19 @@ def test_an_admin_creates_a_members_token_which_they_keep_with_tp_login(tmp_path
     assert logged_in.returncode == 0, logged_in.stderr
     saved = json.loads((config / "tp" / "credentials.json").read_text())["tokens"]
     assert saved == {home_key(home): token}
+    shown = _tp(home, "token", **settings)  # what to paste into the UI's sign-in page
+    assert shown.returncode == 0 and shown.stdout.strip() == token, shown.stderr
     revoked = _tp(home, "admin", "token", "revoke", "alice", **settings)
     assert revoked.returncode == 0 and TokenStore(home).user_of(token) is None
+
+
+def test_tp_token_is_the_servers_own_for_its_account_and_says_so_when_there_is_none(tmp_path):
+    home, config = tmp_path / "home", tmp_path / "config"
+    settings = {"XDG_CONFIG_HOME": str(config)}
+    none = _tp(home, "token", **settings)
+    assert none.returncode != 0 and none.stdout == "" and "you have no token" in none.stderr
+    server = LocalServer(PlatformHome(home))
+    server.token_file.parent.mkdir(parents=True)
+    server.token_file.write_text(TokenStore(home).renew_server_token())  # as `tp server start` writes it
+    shown = _tp(home, "token", **settings)
+    assert shown.returncode == 0 and TokenStore(home).user_of(shown.stdout.strip()) == SERVER_USER

@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from training_platform.server.auth import SESSION_COOKIE, USER_SCOPE_KEY, Authenticate
+from training_platform.server.auth import SESSION_COOKIE, SIGNOUT_PATH, USER_SCOPE_KEY, Authenticate
 
 TOKENS = {"tp_alice": "alice"}
 HOST = "127.0.0.1:3000"
@@ -17,6 +17,13 @@ HOST = "127.0.0.1:3000"
 async def _app(scope, receive, send):
     if scope["type"] == "websocket":
         await send({"type": "websocket.accept"})
+        return
+    if scope["path"] == "/page":  # an HTML page, sent in two parts as a streaming app may
+        page = b"<html><body><div id=app></div></body></html>"
+        headers = [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(page)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": page[:20], "more_body": True})
+        await send({"type": "http.response.body", "body": page[20:]})
         return
     body = json.dumps({"user": scope.get(USER_SCOPE_KEY), "path": scope["path"]}).encode()
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
@@ -112,3 +119,22 @@ def test_a_websocket_needs_a_token_and_with_the_cookie_the_servers_origin():
     assert _call(path="/graphql", kind="websocket", headers=[cookie, ("origin", "http://evil.example")])["code"] == 4403
     accepted = _call(path="/graphql", kind="websocket", headers=[cookie, ("origin", f"http://{HOST}")])
     assert accepted == {"type": "websocket.accept"}
+
+
+def test_a_page_shows_who_is_signed_in_with_a_sign_out_button_and_an_api_answer_is_left_alone():
+    cookie = ("cookie", f"{SESSION_COOKIE}=tp_alice")
+    status, headers, body = _call("GET", "/page", headers=[cookie, ("accept", "text/html")])
+    assert status == 200 and int(headers["content-length"]) == len(body)
+    assert body.startswith(b"<html><body><div id=app></div>") and body.endswith(b"</body></html>")
+    assert b"signed in as <b>alice</b>" in body and f'action="{SIGNOUT_PATH}"'.encode() in body
+    _, _, answer = _call("GET", "/graphql", query="query={__typename}", headers=[cookie])
+    assert json.loads(answer) == {"user": "alice", "path": "/graphql"}
+
+
+def test_sign_out_clears_the_cookie_only_from_the_servers_own_page():
+    own, other = ("origin", f"http://{HOST}"), ("origin", "http://evil.example")
+    status, headers, _ = _call("POST", SIGNOUT_PATH, headers=[own, ("cookie", f"{SESSION_COOKIE}=tp_alice")])
+    assert status == 303 and headers["location"] == "/signin"
+    assert headers["set-cookie"].startswith(f"{SESSION_COOKIE}=;") and "Max-Age=0" in headers["set-cookie"]
+    assert _call("POST", SIGNOUT_PATH, headers=[other])[0] == 403  # another site cannot sign a user out
+    assert _call("GET", SIGNOUT_PATH, headers=[own])[0] == 403

@@ -18,10 +18,12 @@ from rich.table import Table
 
 from training_platform.cli.common import JsonFlag, fail, home, say
 from training_platform.client import SERVER_URL_ENV
-from training_platform.client.credentials import TOKEN_ENV, home_key, save_token, server_key
+from training_platform.client.connect import local_token
+from training_platform.client.credentials import TOKEN_ENV, home_key, save_token, saved_token, server_key
 from training_platform.errors import PlatformError, SpecError
 from training_platform.identifiers import check_user_name
 from training_platform.policy.teams import load_teams
+from training_platform.server.local import LocalServer
 from training_platform.server.tokens import PREFIX, TokenStore
 
 admin_app = typer.Typer(no_args_is_help=True, help="Operate the platform: users' tokens.")
@@ -106,3 +108,22 @@ def login(
     if as_json:
         print(json.dumps({"server": key, "saved_in": str(path)}))
     say(f"token saved for {url or 'this platform home'} in {path}")
+
+
+def token(as_json: JsonFlag = False) -> None:
+    """Print the token `tp` signs in with (TP_SERVER_URL's server, else this home's own): paste it into the UI's
+    sign-in page."""
+    url = os.environ.get(SERVER_URL_ENV)
+    try:
+        if url:
+            value = saved_token(server_key(url))
+        else:
+            server = LocalServer(home())
+            state = server.state()
+            value = local_token(server, state.url if state else None)
+    except PlatformError as exc:
+        fail(exc, as_json)
+    if value is None:
+        fail(PlatformError("you have no token for this server: ask an admin for one (`tp admin token create USER`) "
+                           "and keep it with `tp login`"), as_json)
+    print(json.dumps({"token": value}) if as_json else value)

@@ -27,7 +27,7 @@ from rich.table import Table
 from training_platform.cli import checkpoints as checkpoints_cli
 from training_platform.cli import lifecycle as lifecycle_commands
 from training_platform.cli import runs as runs_cli
-from training_platform.cli.auth import admin_app, login
+from training_platform.cli.auth import admin_app, login, token
 from training_platform.cli.common import JsonFlag, client, console, emit, fail, follow_run, home, say
 from training_platform.cli.cost import cost_app
 from training_platform.cli.server import server_app
@@ -467,6 +467,7 @@ def render(
 
 
 app.command()(login)  # listed after the commands that run things
+app.command()(token)
 
 
 def main() -> None:  # pragma: no cover - console script entry

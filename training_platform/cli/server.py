@@ -11,6 +11,7 @@ from rich.table import Table
 
 from training_platform.cli.common import JsonFlag, console, fail, home, say
 from training_platform.client import PlatformClient
+from training_platform.client.connect import local_token
 from training_platform.client.graphql import IN_PROGRESS
 from training_platform.errors import PlatformError
 from training_platform.server.local import COMPONENTS, LocalServer
@@ -34,7 +35,7 @@ def start(
     if as_json:
         print(json.dumps({"url": state.url, "running": state.alive()}))
     else:
-        say(f"platform server running: UI and API on {state.url}")
+        say(f"platform server running: UI and API on {state.url} (sign in with the token `tp token` prints)")
 
 
 @server_app.command()
@@ -49,7 +50,7 @@ def stop(
         server = LocalServer(home())
         state = server.answering()
         if state is not None:  # the runs the server still runs are listed whatever else is down
-            _stop_runs(PlatformClient(state.url), force)
+            _stop_runs(PlatformClient(state.url, token=local_token(server, state.url)), force)
         stopped = server.stop()
     except PlatformError as exc:
         fail(exc, as_json)

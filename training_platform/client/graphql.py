@@ -184,7 +184,10 @@ class PlatformClient:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 body = json.loads(response.read())
         except urllib.error.HTTPError as exc:  # GraphQL errors come with 400 and a JSON body
-            body = _json_or_none(exc.read())
+            raw = exc.read()
+            if exc.code in (401, 403):
+                raise self._refused(exc.code, raw) from None
+            body = _json_or_none(raw)
             if body is None:
                 raise self._unreachable(f"HTTP {exc.code} {exc.reason}") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -193,6 +196,20 @@ class PlatformClient:
             messages = "; ".join(str(error.get("message", error)) for error in body["errors"])
             raise ClientError(f"the platform server at {self.url} refused a request: {messages[:400]}")
         return body["data"]
+
+    def _refused(self, status: int, raw: bytes) -> ClientError:
+        """The server's authentication (server/auth.py) refused the request; its JSON says why."""
+        try:
+            said = str(json.loads(raw).get("error", ""))
+        except (ValueError, AttributeError):
+            said = raw[:200].decode("utf-8", "replace")
+        if status == 401:
+            who = "the token you sent" if self.token else "no token: you sent none"
+            return ClientError(
+                f"the platform server at {self.url} does not know you ({who}; it said: {said}); keep a token with "
+                "`tp login` (an admin makes one: `tp admin token create USER`) or set TP_TOKEN"
+            )
+        return ClientError(f"the platform server at {self.url} refused the request (HTTP {status}): {said}")
 
     def _unreachable(self, reason: str) -> ClientError:
         return ClientError(

@@ -10,7 +10,8 @@ bearer token (`tp`, scripts) or as the session cookie the sign-in page sets (a b
   server's own origin (`Origin`), so another site cannot act through a signed-in browser;
 - `/server_info` (Dagster's liveness answer) and the sign-in page are the only paths open without a token.
 
-The user is put in the request's ASGI scope (`tp_user`) for what checks rights after it.
+The user is put in the request's ASGI scope (`tp_user`) for what checks rights after it. Every page the browser
+loads shows who is signed in, with a sign-out button (a form POSTed to `/signout`, which clears the cookie).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SESSION_COOKIE = "tp_session"
 SIGNIN_PATH = "/signin"
+SIGNOUT_PATH = "/signout"
 USER_SCOPE_KEY = "tp_user"
 OPEN_PATHS = frozenset({"/server_info"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -50,6 +52,9 @@ class Authenticate:
         if scope["type"] == "http" and path == SIGNIN_PATH:
             await self._signin(scope, receive, send, headers)
             return
+        if scope["type"] == "http" and path == SIGNOUT_PATH:
+            await _signout(scope, send, headers)
+            return
         if path in OPEN_PATHS and scope["type"] == "http" and scope["method"] in SAFE_METHODS:
             await self.app(scope, receive, send)
             return
@@ -62,6 +67,8 @@ class Authenticate:
             status, message = problem
             await _refuse(scope, send, status, message)
             return
+        if scope["type"] == "http" and scope["method"] == "GET":
+            send = _showing_user(send, user)
         await self.app({**scope, USER_SCOPE_KEY: user}, receive, send)
 
     def _user(self, headers: dict[str, str]) -> tuple[str | None, bool]:
@@ -92,6 +99,58 @@ class Authenticate:
         headers = [(b"location", target.encode()), (b"set-cookie", cookie.encode()), (b"cache-control", b"no-store")]
         await send({"type": "http.response.start", "status": 303, "headers": headers})
         await send({"type": "http.response.body", "body": b""})
+
+
+async def _signout(scope: Scope, send: Send, headers: dict[str, str]) -> None:
+    """Clear the session cookie (a POST from the server's own page) and go to the sign-in page."""
+    if scope["method"] != "POST" or not _same_origin(scope, headers, required=True):
+        await _refuse(scope, send, 403, "sign out with the button on the server's own pages")
+        return
+    cookie = f"{SESSION_COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict"
+    out = [(b"location", SIGNIN_PATH.encode()), (b"set-cookie", cookie.encode()), (b"cache-control", b"no-store")]
+    await send({"type": "http.response.start", "status": 303, "headers": out})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _showing_user(send: Send, user: str) -> Send:
+    """SEND, with an HTML page's body given a corner that names USER and a sign-out button (Dagster's pages are
+    its app's, not ours: this is the one place a person sees who they are to the server)."""
+    started: MutableMapping[str, Any] | None = None
+    chunks: list[bytes] = []
+
+    async def send_with_user(message: MutableMapping[str, Any]) -> None:
+        nonlocal started
+        if message["type"] == "http.response.start":
+            headers = {name.lower(): value for name, value in message.get("headers", [])}
+            if not headers.get(b"content-type", b"").startswith(b"text/html") or b"content-encoding" in headers:
+                await send(message)
+                return
+            started = message  # held until the body is whole: its length changes
+            return
+        if started is None or message["type"] != "http.response.body":
+            await send(message)
+            return
+        chunks.append(message.get("body", b""))
+        if message.get("more_body"):
+            return
+        body = _with_user_corner(b"".join(chunks), user)
+        headers = [(k, v) for k, v in started.get("headers", []) if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({**started, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return send_with_user
+
+
+def _with_user_corner(body: bytes, user: str) -> bytes:
+    corner = (
+        f'<form id="tp-user" method="post" action="{SIGNOUT_PATH}" style="position:fixed;right:10px;bottom:10px;'
+        "z-index:2147483647;margin:0;padding:4px 8px;font:12px sans-serif;background:#fff;color:#333;"
+        'border:1px solid #ccc;border-radius:6px">signed in as <b>'
+        f'{html.escape(user)}</b> <button type="submit">Sign out</button></form>'
+    ).encode()
+    at = body.rfind(b"</body>")
+    return body[:at] + corner + body[at:] if at >= 0 else body
 
 
 def _request_problem(scope: Scope, headers: dict[str, str], by_cookie: bool) -> tuple[int, str] | None:

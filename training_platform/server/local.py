@@ -43,8 +43,10 @@ from training_platform.errors import PlatformError
 from training_platform.launch import process_start
 from training_platform.paths import SOURCE_CHECKOUT, PlatformHome
 from training_platform.server.first_admin import ensure_first_admin
+from training_platform.server.tokens import AUTH_DIR, TokenStore
 from training_platform.shipped import INSTANCE_CONFIG
 from training_platform.spec.submission import LOCATION
+from training_platform.state.private_files import write_private
 
 DEFAULT_PORT = 3000
 PORT_ENV = "TP_SERVER_PORT"
@@ -153,6 +155,9 @@ class LocalServer:
         self.dir = home.root / "server"
         self.state_file = self.dir / "server.json"
         self.workspace = self.dir / "workspace.yaml"
+        # The server's own token, readable by the server's account only: its `tp` (stop, status, the tests) is let in
+        # without a login. Renewed at each fresh start.
+        self.token_file = home.root / AUTH_DIR / "server-token"
 
     # ----- reading ----------------------------------------------------------------------------
     def state(self) -> ServerState | None:
@@ -179,6 +184,13 @@ class LocalServer:
     def log_path(self, name: str) -> Path:
         return self.dir / f"{name}.log"
 
+    def server_token(self) -> str | None:
+        """The server's own token; None where this account cannot read it (or no server started here)."""
+        try:
+            return self.token_file.read_text().strip() or None
+        except OSError:
+            return None
+
     # ----- starting ---------------------------------------------------------------------------
     def start(self, port: int | None = None, say=print) -> ServerState:
         """Start whatever part is not running (all of them on a fresh home); wait until runs can be submitted."""
@@ -195,6 +207,7 @@ class LocalServer:
                     _remove_socket_dir(state.code_socket)
                 state = ServerState(port or _default_port(), _new_code_socket())
                 _check_port_free(state.port)
+                write_private(self.token_file, TokenStore(self.home.root).renew_server_token())
                 self._write_instance_config(say)
                 self._write_workspace(state.code_socket)
             elif port is not None and port != state.port:
@@ -219,7 +232,6 @@ class LocalServer:
             return self._wait_ready(state)
 
     def _spawn(self, name: str, state: ServerState) -> ServerProcess:
-        bin_dir = Path(sys.executable).parent
         # Where a relative path in a spec resolves: the source tree when running from one (examples/...),
         # else the home. An installed wheel imports `definitions` from site-packages either way.
         workdir = SOURCE_CHECKOUT or self.dir
@@ -229,8 +241,10 @@ class LocalServer:
                 sys.executable, "-m", "training_platform_dagster.code_server", "-m", LOCATION, "--location-name",
                 LOCATION, "--socket", str(state.code_socket), "--working-directory", str(workdir),
             ],
+            # dagster-webserver, every request authenticated (training_platform_dagster/webserver.py).
             "webserver": [
-                str(bin_dir / "dagster-webserver"), "-h", "127.0.0.1", "-p", str(state.port), "-w", str(self.workspace),
+                sys.executable, "-m", "training_platform_dagster.webserver", "-h", "127.0.0.1", "-p", str(state.port),
+                "-w", str(self.workspace),
             ],
             # dagster-daemon, its queue looking for freed slots at its interval (training_platform_dagster/daemon.py).
             "daemon": [sys.executable, "-m", "training_platform_dagster.daemon", "run", "-w", str(self.workspace)],
@@ -275,7 +289,7 @@ class LocalServer:
         while True:
             for name in state.processes:
                 self._fail_if_dead(state, name)
-            problem = location_problem(state.url)
+            problem = location_problem(state.url, self.server_token())
             if problem is None:
                 return state
             loading = problem.startswith("loading") or problem == "unreachable"
@@ -444,16 +458,19 @@ _LOCATION_QUERY = """{ workspaceOrError { __typename ... on Workspace { location
   locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
 
 
-def location_problem(url: str) -> str | None:
-    """None when the webserver at `url` has loaded the platform's code location; else what is wrong."""
-    request = urllib.request.Request(
-        f"{url}/graphql",
-        data=json.dumps({"query": _LOCATION_QUERY}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
+def location_problem(url: str, token: str | None) -> str | None:
+    """None when the webserver at `url` has loaded the platform's code location; else what is wrong. TOKEN: sent as
+    the bearer token (the webserver answers nothing else without one)."""
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {})
+    request = urllib.request.Request(f"{url}/graphql", data=json.dumps({"query": _LOCATION_QUERY}).encode(),
+                                     headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             body = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            return "the server does not know the token sent (sign in: `tp login`, or set TP_TOKEN)"
+        return "unreachable"
     except (urllib.error.URLError, OSError, json.JSONDecodeError):
         return "unreachable"
     workspace = (body.get("data") or {}).get("workspaceOrError") or {}

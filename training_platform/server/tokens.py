@@ -24,6 +24,9 @@ from training_platform.state.private_files import write_private
 AUTH_DIR = "auth"
 TOKENS_FILE = "tokens.json"
 PREFIX = "tp_"  # what a token starts with: a leaked one is recognisable in a log or a repository
+# Who the server's own token is (LocalServer keeps it in the home, for the account that runs the server): reserved,
+# so no user of teams.yaml can be given it.
+SERVER_USER = "_platform"
 
 
 @dataclass(frozen=True)
@@ -40,14 +43,25 @@ class TokenStore:
     def __init__(self, home_root: Path):
         self.directory = Path(home_root) / AUTH_DIR
         self.path = self.directory / TOKENS_FILE
+        # The server asks for every request: the file is read again only when it changed (a revocation counts at once).
+        self._cached: tuple[tuple[int, int, int], list[TokenRecord]] | None = None
 
     def create(self, user: str, label: str = "") -> str:
         """A new token for USER, returned once; only its hash is kept."""
-        check_user_name(user)
+        if check_user_name(user) == SERVER_USER:
+            raise PlatformError(f"{SERVER_USER!r} is the platform server's own user; create tokens for people")
+        return self._add(user, label, replace=False)
+
+    def renew_server_token(self) -> str:
+        """A new token for the server's own user, and the one before it revoked."""
+        return self._add(SERVER_USER, "the server's own", replace=True)
+
+    def _add(self, user: str, label: str, replace: bool) -> str:
         token = PREFIX + secrets.token_urlsafe(32)
         record = TokenRecord(user=user, sha256=_digest(token), created_at=time.time(), label=label)
         with self._locked():
-            self._write([*self._read(), record])
+            kept = [r for r in self._read() if not (replace and r.user == user)]
+            self._write([*kept, record])
         return token
 
     def user_of(self, token: str) -> str | None:
@@ -81,12 +95,18 @@ class TokenStore:
 
     def _read(self) -> list[TokenRecord]:
         try:
+            status = self.path.stat()
+            version = (status.st_mtime_ns, status.st_size, status.st_ino)
+            if self._cached is not None and self._cached[0] == version:
+                return self._cached[1]
             raw = json.loads(self.path.read_text())
         except FileNotFoundError:
             return []
         except (OSError, ValueError) as exc:
             raise PlatformError(f"cannot read the tokens of this home ({self.path}): {exc}") from exc
-        return [TokenRecord(**entry) for entry in raw.get("tokens", [])]
+        records = [TokenRecord(**entry) for entry in raw.get("tokens", [])]
+        self._cached = (version, records)
+        return records
 
     def _write(self, records: list[TokenRecord]) -> None:
         write_private(self.path, json.dumps({"tokens": [asdict(record) for record in records]}, indent=2))

@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from tests.fixtures.platform import ROOT, last_json, server_logs
-from training_platform.client import PlatformClient
 from training_platform.client.runs import wait_for
 from training_platform.cost.backends import open_ledger
 from training_platform.datasets import build_snapshot
@@ -49,7 +48,7 @@ def ui_launch(platform):
     """A run submitted to the server directly (no `tp train` before it) and how it ended."""
     snapshot = build_snapshot("sklearn_digits", platform.home / "snapshots").snapshot_id
     spec = parse_spec({"name": "from-ui", "team": TEAM, "owner": "ci", "dataset": {"snapshot_id": snapshot}})
-    client = PlatformClient(platform.url)
+    client = platform.client()
     client.add_partition("from-ui-1")
     dagster_run_id = client.submit(TRAINING_JOB, tags=spec_tags(spec) | {PARTITION_TAG: "from-ui-1"},
                                    run_config=training_run_config(spec), assets=["training_run"])
@@ -85,7 +84,7 @@ def test_its_resume_is_refused_the_same_way_and_not_retried(platform, ui_launch)
 def test_a_retrain_over_budget_is_refused_before_anything_is_queued(platform, tmp_path):
     spec = yaml.safe_load((ROOT / "examples" / "digits-daily.yaml").read_text()) | {"team": TEAM}
     (tmp_path / "daily.yaml").write_text(yaml.safe_dump(spec))
-    client = PlatformClient(platform.url)
+    client = platform.client()
     before = len(client.runs())
     proc = platform.tp("retrain", "--from", "2026-01-01", "--to", "2026-01-03", "--spec", str(tmp_path / "daily.yaml"),
                        "--json")

@@ -20,7 +20,6 @@ import yaml
 
 from tests.fixtures.platform import server_logs
 from tests.integration.server.runs import PACED_SCRIPT, write_spec
-from training_platform.client import PlatformClient
 from training_platform.client.runs import submit_training
 from training_platform.datasets import build_snapshot
 from training_platform.runs.specs import new_run_id
@@ -49,7 +48,7 @@ def test_three_teams_of_real_runs_share_the_queue_fairly(platform, tmp_path):
         for team in TEAMS
     }
     limit = team_limit()
-    client = PlatformClient(platform.url)
+    client = platform.client()
     for team in TEAMS:
         for _ in range(RUNS_PER_TEAM):
             submit_training(client, specs[team], new_run_id(specs[team]))

@@ -30,7 +30,6 @@ from tests.integration.server.runs import (
     write_spec,
     write_sweep,
 )
-from training_platform.client import PlatformClient
 from training_platform.client.runs import wait_for
 from training_platform.launch import standby
 from training_platform.runs.events import RunEvents
@@ -260,7 +259,7 @@ def test_the_queue_tags_every_run_with_its_own_specs_team_whoever_submits_it(pla
     """A submission claiming another team and priority, and a UI-style Materialize with no tags at all."""
     spec = load_spec(write_spec(tmp_path, "queue-tags", training={"max_steps": 20, "eval_every": 10},
                                 resources={"procs_per_node": 1, "priority": "low"}))
-    client = PlatformClient(platform.url)
+    client = platform.client()
     run_id = new_run_id(spec)
     client.add_partition(run_id)
     spoofed = client.submit(TRAINING_JOB, tags={PARTITION_TAG: run_id, "team": "nlp", "dagster/priority": "10"},

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from tests.fixtures.platform import Platform, free_port, last_json, platform_env, server_logs
-from training_platform.client.graphql import PlatformClient
+from training_platform.client.graphql import ClientError, PlatformClient
 from training_platform.spec.submission import LOCATION, REPOSITORY
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -26,7 +26,13 @@ def test_start_status_and_stop_end_exactly_what_started(tmp_path):
     assert last_json(started)["running"] == {"code-server": True, "webserver": True, "daemon": True}
     status = platform.tp("server", "status", "--json")
     assert status.returncode == 0 and last_json(status)["url"] == platform.url
-    schedules = _schedule_states(platform.url)  # the fixture's TP_SCHEDULES=off: nothing here runs by the hour
+    # Every request needs a token: none is refused, the server's own (its account's `tp`) is let in.
+    with pytest.raises(ClientError, match="does not know you"):
+        PlatformClient(platform.url).query("{ version }")
+    token_file = home / "auth" / "server-token"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600 and stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
+    assert platform.token not in (home / "auth" / "tokens.json").read_text()  # only its hash is kept
+    schedules = _schedule_states(platform)  # the fixture's TP_SCHEDULES=off: nothing here runs by the hour
     assert set(schedules) >= {"nightly_retraining", "checkpoint_lifecycle_schedule"}, schedules
     assert set(schedules.values()) == {"STOPPED"}, schedules
     processes = json.loads((home / "server" / "server.json").read_text())["processes"]
@@ -86,9 +92,9 @@ query ($repo: RepositorySelector!) {
 }"""
 
 
-def _schedule_states(url: str) -> dict[str, str]:
+def _schedule_states(platform: Platform) -> dict[str, str]:
     repo = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}
-    found = PlatformClient(url).query(_SCHEDULES, repo=repo)["schedulesOrError"]
+    found = platform.client().query(_SCHEDULES, repo=repo)["schedulesOrError"]
     assert found["__typename"] == "Schedules", found
     return {s["name"]: s["scheduleState"]["status"] for s in found["results"]}
 

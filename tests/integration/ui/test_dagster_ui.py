@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from training_platform.client import PlatformClient
+from training_platform.server.tokens import SERVER_USER
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]
@@ -60,7 +60,8 @@ def artifacts() -> Path:
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory):
+def browser(tmp_path_factory, platform, ui):
+    """Headless Chromium, signed in to the UI with the server's token (the session cookie stays for the module)."""
     problem = _install_chromium()
     if problem:
         pytest.skip(f"BROWSER TEST NOT RUN: Debian chromium + chromium-driver unavailable ({problem})")
@@ -72,8 +73,30 @@ def browser(tmp_path_factory):
     for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"]:
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    _sign_in(driver, f"{ui}/runs", platform.token)
     yield driver
     driver.quit()
+
+
+def _sign_in(driver, url: str, token: str, wrong_first: bool = False) -> None:
+    """Open URL, which the server answers with its sign-in page, and sign in with TOKEN (after a wrong one, when
+    `wrong_first`, which must be refused on the page); then the browser is where it was going."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(url)
+    WebDriverWait(driver, WAIT_S, poll_frequency=0.5).until(lambda d: "/signin" in d.current_url)
+    if wrong_first:
+        driver.find_element(By.ID, "token").send_keys("tp_not-a-token-of-this-server")
+        driver.find_element(By.ID, "token").submit()
+        WebDriverWait(driver, WAIT_S, poll_frequency=0.5).until(
+            lambda d: "not valid" in d.find_element(By.TAG_NAME, "body").text
+        )
+    driver.find_element(By.ID, "token").send_keys(token)
+    driver.find_element(By.ID, "token").submit()
+    WebDriverWait(driver, WAIT_S, poll_frequency=0.5).until(
+        lambda d: d.current_url.startswith(url) and "/signin" not in d.current_url
+    )
 
 
 @pytest.fixture(scope="module")
@@ -132,9 +155,22 @@ def _click(driver, find) -> None:
     WebDriverWait(driver, WAIT_S, poll_frequency=1).until(clicked)
 
 
-def test_the_server_offers_no_onboarding_dialog(ui):
+def test_the_ui_asks_for_a_token_shows_who_signed_in_and_signs_out(browser, ui, platform, artifacts):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.delete_all_cookies()  # a browser that never signed in here
+    _sign_in(browser, f"{ui}/runs", platform.token, wrong_first=True)
+    _open(browser, f"{ui}/runs", ["training_pipeline", f"signed in as {SERVER_USER}"])
+    browser.save_screenshot(str(artifacts / "signed-in-runs.png"))
+    _click(browser, lambda d: d.find_element(By.CSS_SELECTOR, "#tp-user button"))
+    WebDriverWait(browser, WAIT_S, poll_frequency=0.5).until(lambda d: "/signin" in d.current_url)
+    _sign_in(browser, f"{ui}/runs", platform.token)  # signed out: the UI asks again
+
+
+def test_the_server_offers_no_onboarding_dialog(ui, platform):
     """What the UI asks before it shows the dialog, answered by the server itself."""
-    assert PlatformClient(ui).query("{ shouldShowNux }") == {"shouldShowNux": False}
+    assert platform.client().query("{ shouldShowNux }") == {"shouldShowNux": False}
 
 
 def test_asset_graph_shows_the_five_assets(browser, ui, artifacts):
