@@ -13,6 +13,13 @@ class SpecError(PlatformError):
     exit_code = 2
 
 
+class RightsError(PlatformError):
+    """The user may not do this (the message names the user, what they asked and who can change it); nothing was
+    changed."""
+
+    exit_code = 2
+
+
 class SnapshotError(PlatformError):
     """A dataset snapshot is missing or does not verify."""
 

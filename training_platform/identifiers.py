@@ -21,6 +21,9 @@ K8S_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 # Users of the platform (teams.yaml's admins and members, token owners, a run's owner): a login name as POSIX
 # systems spell one, so the first admin can be the account that started the server.
 USER_NAME = r"^[a-z_][a-z0-9_.-]{0,31}$"
+# The platform's own identity: the server's own token (its account's `tp`), and runs no person submits. A valid user
+# name, reserved: no token for a person is made under it (server/tokens.py).
+PLATFORM_USER = "_platform"
 
 _RUN_ID = re.compile(RUN_ID)
 _USER_NAME = re.compile(USER_NAME)

@@ -6,8 +6,13 @@ the `team`, `owner` and `dagster/priority` of the spec it trains (or, for a swee
 before it is queued, so per-team limits and priorities (deploy/dagster/dagster.yaml) hold for all of
 them, and a submitter cannot take another team's slots by tagging its run with that team. A run of the
 platform's jobs with no spec (a snapshot of new data) queues as team `platform`. The spec's team is
-checked against the teams file when the run trains (preflight); `owner` is what the spec says: the
-platform does not authenticate users.
+checked against the teams file when the run trains (preflight).
+
+A run asked for by a signed-in person (the webserver's request, training_platform/server/auth.py: no other source
+is trusted) is held to that person's rights (policy/rights.py): it runs only for a team that lists them, owned by
+them (an admin's for the spec's `owner`), and a run of the platform's other jobs only for an admin; it is tagged
+with who asked (`tp/user`). A refused run is failed here with the reason, before it is queued. Runs the platform
+starts itself (the daemon's sensors, schedules and backfills) are its own.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from dagster import DagsterRun, Field, QueuedRunCoordinator, SubmitRunContext
 
 from training_platform.errors import PlatformError
 from training_platform.paths import PlatformHome
+from training_platform.policy.rights import check_may_run, check_may_run_job
 from training_platform.runs.specs import load_run_spec, spec_from_json, spec_tags
+from training_platform.server.auth import request_user
 from training_platform.spec import TrainSpec
 from training_platform.spec.submission import (
     PARTITION_TAG,
@@ -29,6 +36,7 @@ from training_platform.spec.submission import (
     SWEEP_JOB,
     THEN_TRAIN_TAG,
     TRAINING_JOB,
+    USER_TAG,
 )
 from training_platform.sweeps import SweepQueue, parse_sweep
 
@@ -64,20 +72,31 @@ class TeamQueuedRunCoordinator(QueuedRunCoordinator):
 
     def submit_run(self, context: SubmitRunContext) -> DagsterRun:
         run = context.dagster_run
-        tags = queue_tags_of(run, PlatformHome.from_env())
+        tags = queue_tags_of(run, PlatformHome.from_env(), request_user())
         if tags and any(run.tags.get(key) != value for key, value in tags.items()):
             self._instance.add_run_tags(run.run_id, tags)
         return super().submit_run(context)
 
 
-def queue_tags_of(run: DagsterRun, home: PlatformHome) -> dict[str, str]:
-    """The tags that queue a run of the platform's jobs; none for other jobs (they keep their own)."""
+def queue_tags_of(run: DagsterRun, home: PlatformHome, user: str | None = None) -> dict[str, str]:
+    """The tags that queue a run of the platform's jobs (none for other jobs: they keep their own), and who asked
+    for it (USER: None when the platform starts it); a RightsError when USER may not run it."""
+    asked = {USER_TAG: user} if user is not None else {}
     assets = {key.to_user_string() for key in run.asset_selection or ()}
     if run.job_name not in (TRAINING_JOB, SNAPSHOT_JOB, SWEEP_JOB) and not assets & PLATFORM_ASSETS:
-        return {}
+        if user is not None:
+            check_may_run_job(user, run.job_name, home.root)
+        return asked
     sweep = run.job_name == SWEEP_JOB or "sweep" in assets
     spec = spec_of(run, home, trains=run.job_name == TRAINING_JOB or "training_run" in assets, sweep=sweep)
-    return spec_tags(spec) if spec is not None else {"team": UNATTRIBUTED_TEAM}
+    if spec is None:
+        if user is not None:
+            check_may_run_job(user, f"a {run.job_name} run that names no team's spec", home.root)
+        return {"team": UNATTRIBUTED_TEAM, **asked}
+    tags = spec_tags(spec)
+    if user is not None:
+        tags["owner"] = check_may_run(user, spec, home.root)
+    return tags | asked
 
 
 def spec_of(run: DagsterRun, home: PlatformHome, trains: bool, sweep: bool = False) -> TrainSpec | None:

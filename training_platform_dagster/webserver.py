@@ -15,11 +15,12 @@ from typing import Any
 
 from dagster_webserver import cli
 
-from training_platform.server.auth import Authenticate
+from training_platform.server.auth import Authenticate, serve_requests_only
 from training_platform.server.tokens import TokenStore
 
 
 def main() -> None:
+    serve_requests_only()
     tokens = TokenStore(Path(os.environ["TP_HOME"]))
     build_app = cli.create_app_from_workspace_process_context
 

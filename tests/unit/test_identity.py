@@ -17,11 +17,12 @@ from tests.fixtures.platform import TP, platform_env
 from training_platform.client.credentials import home_key, save_token, saved_token, server_key
 from training_platform.client.graphql import ClientError, PlatformClient
 from training_platform.errors import PlatformError, SpecError
+from training_platform.identifiers import PLATFORM_USER
 from training_platform.paths import PlatformHome
 from training_platform.policy.teams import add_first_admin, load_teams, read_teams_file, seed_teams_file
 from training_platform.server.first_admin import ensure_first_admin
 from training_platform.server.local import LocalServer
-from training_platform.server.tokens import SERVER_USER, TokenStore
+from training_platform.server.tokens import TokenStore
 
 
 def _mode(path: Path) -> int:
@@ -47,10 +48,10 @@ def test_the_servers_own_token_is_renewed_and_its_user_is_no_persons(tmp_path):
     alice = store.create("alice")
     first = store.renew_server_token()
     second = store.renew_server_token()
-    assert store.user_of(first) is None and store.user_of(second) == SERVER_USER  # one at a time
+    assert store.user_of(first) is None and store.user_of(second) == PLATFORM_USER  # one at a time
     assert store.user_of(alice) == "alice"
     with pytest.raises(PlatformError, match="the platform server's own user"):
-        store.create(SERVER_USER)
+        store.create(PLATFORM_USER)
 
 
 def test_a_revocation_counts_at_once_for_a_server_that_read_the_tokens_before(tmp_path):
@@ -213,4 +214,4 @@ def test_tp_token_is_the_servers_own_for_its_account_and_says_so_when_there_is_n
     server.token_file.parent.mkdir(parents=True)
     server.token_file.write_text(TokenStore(home).renew_server_token())  # as `tp server start` writes it
     shown = _tp(home, "token", **settings)
-    assert shown.returncode == 0 and TokenStore(home).user_of(shown.stdout.strip()) == SERVER_USER
+    assert shown.returncode == 0 and TokenStore(home).user_of(shown.stdout.strip()) == PLATFORM_USER

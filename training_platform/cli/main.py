@@ -33,7 +33,7 @@ from training_platform.cli.cost import cost_app
 from training_platform.cli.server import server_app
 from training_platform.cli.snapshots import snapshots_app
 from training_platform.cli.terminal import readable_duration, readable_usd
-from training_platform.client import SERVER_URL_ENV
+from training_platform.client import SERVER_URL_ENV, PlatformClient
 from training_platform.client.retrain import follow_retrain, launch_retrain
 from training_platform.client.runs import submit_snapshot, submit_training, summary, wait_for
 from training_platform.client.sweeps import follow_sweep, submit_sweep
@@ -46,6 +46,7 @@ from training_platform.launch import RunRequest
 from training_platform.launch.registry import launcher_for
 from training_platform.paths import PlatformHome
 from training_platform.policy.preflight import check_own_files, preflight
+from training_platform.policy.rights import check_may_run
 from training_platform.policy.team_policy import resolve_team
 from training_platform.redaction import redact
 from training_platform.runs.retraining import days_between
@@ -104,6 +105,7 @@ def run_training(
     (unless detached)."""
     check_run_budget(spec, platform_home.root)  # refused before anything is queued (the asset checks again)
     platform = client(platform_home)
+    _check_rights(platform, spec, platform_home)
     window = run_window(spec)
     if not now and waits_for_window(window, datetime.now(UTC)):
         return wait_for_window(platform, platform_home, spec, window)
@@ -116,6 +118,12 @@ def run_training(
         return {"run_id": run_id, "status": "QUEUED", "dagster_run_id": submission.dagster_run_id}
     final = follow_run(platform, run_id, submission.dagster_run_id, as_json, spec.preemption.retry_failures)
     return summary(platform, run_id, final) | {"server_url": platform.url}
+
+
+def _check_rights(platform: PlatformClient, spec: TrainSpec, platform_home: PlatformHome) -> None:
+    """Refused here, in one line, what the server would refuse (training_platform_dagster/run_coordinator.py):
+    nothing is created for it."""
+    check_may_run(platform.whoami(), spec, platform_home.root)
 
 
 def wait_for_window(platform, platform_home: PlatformHome, spec: TrainSpec, window: CostWindow) -> dict[str, Any]:
@@ -197,6 +205,7 @@ def sweep(
         _validated(spec.base_spec, platform_home, None)
         check_budget(platform_home.root, spec.team, sweep_estimate_usd(spec, platform_home.root))  # nothing queued
         platform = client(platform_home)
+        _check_rights(platform, spec.base_spec, platform_home)
         _await_snapshot(platform, spec.base_spec)
         dagster_run_id = submit_sweep(platform, spec, now)
         say(f"sweep {spec.name} submitted on {platform.url}, team {spec.team}")
@@ -260,6 +269,7 @@ def retrain(
         check_budget(platform_home.root, spec.team, each.usd * len(days), basis=f"{len(days)} day(s) x {each.basis}")
         _seed_empty_landing(spec, platform_home, days)
         platform = client(platform_home)
+        _check_rights(platform, spec, platform_home)
         retraining = launch_retrain(platform, spec, days)
         if retraining.backfill_id:
             todo = len(days) - len(retraining.trained_before)

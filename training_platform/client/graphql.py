@@ -177,8 +177,7 @@ class PlatformClient:
         request = urllib.request.Request(
             f"{self.url}/graphql",
             data=json.dumps({"query": document, "variables": variables}).encode(),
-            headers={"Content-Type": "application/json", "Accept": "application/json"}
-            | ({"Authorization": f"Bearer {self.token}"} if self.token else {}),
+            headers={"Content-Type": "application/json", "Accept": "application/json"} | self._auth_headers(),
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
@@ -196,6 +195,20 @@ class PlatformClient:
             messages = "; ".join(str(error.get("message", error)) for error in body["errors"])
             raise ClientError(f"the platform server at {self.url} refused a request: {messages[:400]}")
         return body["data"]
+
+    def whoami(self) -> str:
+        """The user the server takes this client's token for (server/auth.py)."""
+        request = urllib.request.Request(f"{self.url}/whoami", headers=self._auth_headers())
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return str(json.loads(response.read())["user"])
+        except urllib.error.HTTPError as exc:
+            raise self._refused(exc.code, exc.read()) from None
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+            raise self._unreachable(_reason(getattr(exc, "reason", None) or exc)) from None
+
+    def _auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def _refused(self, status: int, raw: bytes) -> ClientError:
         """The server's authentication (server/auth.py) refused the request; its JSON says why."""

@@ -61,7 +61,9 @@ class SlurmAllowance(_Strict):
 
 class Team(_Strict):
     monthly_usd: float | None = Field(None, ge=0, description="budget in dollars per calendar month; none: no limit")
-    members: tuple[str, ...] = Field((), description="who may own its runs (spec `owner`); empty: anyone")
+    members: tuple[str, ...] = Field(
+        (), description="who may run for it, in their own name (policy/rights.py); empty: its admins only"
+    )
     default_priority: Literal["low", "normal", "high"] = Field(
         "normal", description="resources.priority of a spec that sets none"
     )
@@ -146,7 +148,7 @@ def _entry(name: str, monthly_usd: float | None) -> str:
     return f"""\
   {name}:
     monthly_usd: {budget}
-    members: []              # who may own runs (spec `owner`); empty: anyone
+    members: []              # who may run for it, in their own name; empty: the admins only
     default_priority: normal
     kubernetes:
       namespace: {name}

@@ -10,7 +10,9 @@ bearer token (`tp`, scripts) or as the session cookie the sign-in page sets (a b
   server's own origin (`Origin`), so another site cannot act through a signed-in browser;
 - `/server_info` (Dagster's liveness answer) and the sign-in page are the only paths open without a token.
 
-The user is put in the request's ASGI scope (`tp_user`) for what checks rights after it. Every page the browser
+The user is put in the request's ASGI scope (`tp_user`), and is `request_user()` while the request is served: the
+run coordinator (training_platform_dagster/run_coordinator.py) reads it there, from no other source. `GET /whoami`
+answers who the token is (`tp` checks its rights before it submits). Every page the browser
 loads shows who is signed in, with a sign-out button (a form POSTed to `/signout`, which clears the cookie).
 """
 
@@ -18,9 +20,12 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
+
+from training_platform.errors import RightsError
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -33,7 +38,26 @@ SIGNOUT_PATH = "/signout"
 USER_SCOPE_KEY = "tp_user"
 OPEN_PATHS = frozenset({"/server_info"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+WHOAMI_PATH = "/whoami"
 MAX_SIGNIN_BODY = 4096
+
+_REQUEST_USER: ContextVar[str | None] = ContextVar("tp_request_user", default=None)
+_serves_requests = False  # set in the webserver: everything it submits comes from a request
+
+
+def serve_requests_only() -> None:
+    """Mark this process as the webserver: from now on a submission outside a signed-in request is refused, never
+    taken for the platform's own (a thread that lost the request's context cannot run as the platform)."""
+    global _serves_requests  # noqa: PLW0603 - one switch per process, set once at its start
+    _serves_requests = True
+
+
+def request_user() -> str | None:
+    """Who sent the request being served; None outside requests (the daemon, a run's own process: the platform)."""
+    user = _REQUEST_USER.get()
+    if user is None and _serves_requests:
+        raise RightsError("the server cannot tell who asked for this (no signed-in request); sign in and ask again")
+    return user
 
 
 class Authenticate:
@@ -67,9 +91,16 @@ class Authenticate:
             status, message = problem
             await _refuse(scope, send, status, message)
             return
+        if scope["type"] == "http" and path == WHOAMI_PATH:
+            await _json(send, 200, {"user": user})
+            return
         if scope["type"] == "http" and scope["method"] == "GET":
             send = _showing_user(send, user)
-        await self.app({**scope, USER_SCOPE_KEY: user}, receive, send)
+        serving = _REQUEST_USER.set(user)
+        try:
+            await self.app({**scope, USER_SCOPE_KEY: user}, receive, send)
+        finally:
+            _REQUEST_USER.reset(serving)
 
     def _user(self, headers: dict[str, str]) -> tuple[str | None, bool]:
         scheme, _, credentials = headers.get("authorization", "").partition(" ")
@@ -215,10 +246,13 @@ async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 4000 + status})
         return
-    body = json.dumps({"error": message}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status == 401:
-        headers.append((b"www-authenticate", b'Bearer realm="training-platform"'))
+    extra = [(b"www-authenticate", b'Bearer realm="training-platform"')] if status == 401 else []
+    await _json(send, status, {"error": message}, extra)
+
+
+async def _json(send: Send, status: int, answer: dict[str, Any], extra: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    body = json.dumps(answer).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

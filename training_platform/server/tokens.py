@@ -17,16 +17,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from training_platform.errors import PlatformError
-from training_platform.identifiers import check_user_name
+from training_platform.identifiers import PLATFORM_USER, check_user_name
 from training_platform.state.documents import file_lock
 from training_platform.state.private_files import write_private
 
 AUTH_DIR = "auth"
 TOKENS_FILE = "tokens.json"
 PREFIX = "tp_"  # what a token starts with: a leaked one is recognisable in a log or a repository
-# Who the server's own token is (LocalServer keeps it in the home, for the account that runs the server): reserved,
-# so no user of teams.yaml can be given it.
-SERVER_USER = "_platform"
 
 
 @dataclass(frozen=True)
@@ -48,13 +45,13 @@ class TokenStore:
 
     def create(self, user: str, label: str = "") -> str:
         """A new token for USER, returned once; only its hash is kept."""
-        if check_user_name(user) == SERVER_USER:
-            raise PlatformError(f"{SERVER_USER!r} is the platform server's own user; create tokens for people")
+        if check_user_name(user) == PLATFORM_USER:
+            raise PlatformError(f"{PLATFORM_USER!r} is the platform server's own user; create tokens for people")
         return self._add(user, label, replace=False)
 
     def renew_server_token(self) -> str:
         """A new token for the server's own user, and the one before it revoked."""
-        return self._add(SERVER_USER, "the server's own", replace=True)
+        return self._add(PLATFORM_USER, "the server's own", replace=True)
 
     def _add(self, user: str, label: str, replace: bool) -> str:
         token = PREFIX + secrets.token_urlsafe(32)

@@ -39,6 +39,10 @@ end, whatever that end is, and materializes the run if it succeeded (launch/foll
 LEFT_JOB_TAG = "tp/left_job"
 """On a run that stopped following its job while the job went on (its process died, or it failed on an error of
 its own), naming the job: a run tagged FOLLOW_TAG takes the job over, and `tp` follows into it."""
+USER_TAG = "tp/user"
+"""Who asked the server for the run (training_platform/server/auth.py): written by the run coordinator from the
+signed-in request, over whatever the client sent; a run the platform starts itself (a resume, a retry, a schedule's)
+keeps the one of the run it continues, or has none."""
 REPRODUCTION_TAG = "tp/reproduction_of"
 CARRIED_TAGS = ("team", "owner", "dagster/priority", SWEEP_TAG, OWN_CODE_TAG)
 """What a resume, a retry or a reproduction keeps of the run it continues."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from training_platform.server.tokens import SERVER_USER
+from training_platform.identifiers import PLATFORM_USER
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]
@@ -161,7 +161,7 @@ def test_the_ui_asks_for_a_token_shows_who_signed_in_and_signs_out(browser, ui, 
 
     browser.delete_all_cookies()  # a browser that never signed in here
     _sign_in(browser, f"{ui}/runs", platform.token, wrong_first=True)
-    _open(browser, f"{ui}/runs", ["training_pipeline", f"signed in as {SERVER_USER}"])
+    _open(browser, f"{ui}/runs", ["training_pipeline", f"signed in as {PLATFORM_USER}"])
     browser.save_screenshot(str(artifacts / "signed-in-runs.png"))
     _click(browser, lambda d: d.find_element(By.CSS_SELECTOR, "#tp-user button"))
     WebDriverWait(browser, WAIT_S, poll_frequency=0.5).until(lambda d: "/signin" in d.current_url)

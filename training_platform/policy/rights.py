@@ -1,0 +1,49 @@
+"""Who may run for a team: checked in the server (the run coordinator, for whoever calls) and by `tp` before it
+submits (so a refusal there is one line and nothing is created).
+
+A user is a name of teams.yaml. The platform's admins (`admins:`) and the platform's own identity (the server's own
+token, runs no person submits) may run for any team, on behalf of the spec's `owner`. Anyone else runs only for
+the teams whose `members` name them, and only as themselves: the spec's `owner` must be them. A team whose
+`members` is empty runs only its admins' runs, once a person asks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from training_platform.errors import RightsError
+from training_platform.identifiers import PLATFORM_USER
+from training_platform.policy.teams import declared_team, load_teams
+from training_platform.spec import TrainSpec
+
+
+def is_admin(user: str, home_root: Path) -> bool:
+    """USER acts for every team: the platform's own identity, or a name in teams.yaml's `admins`."""
+    return user == PLATFORM_USER or user in load_teams(home_root)[0].admins
+
+
+def check_may_run(user: str, spec: TrainSpec, home_root: Path) -> str:
+    """The owner of USER's run of SPEC (USER, or for an admin the spec's `owner`); a RightsError, one line naming
+    the user, the team and who can add them, when USER may not run it."""
+    if user == PLATFORM_USER:
+        return spec.owner  # the platform's own: its teams are checked when the run trains (preflight)
+    team, path = declared_team(spec.team, home_root)  # an undeclared team: its own SpecError
+    if is_admin(user, home_root):
+        return spec.owner
+    if user not in team.members:
+        admins = ", ".join(load_teams(home_root)[0].admins) or "the platform's admins"
+        raise RightsError(
+            f"{user} is not a member of team {spec.team!r}, so cannot run for it; ask {admins} to add {user} to "
+            f"its members in {path}, or run for your own team"
+        )
+    if spec.owner != user:
+        raise RightsError(
+            f"owner: {spec.owner!r} is not you ({user}): a member's runs are their own; set owner: {user} in the spec"
+        )
+    return user
+
+
+def check_may_run_job(user: str, what: str, home_root: Path) -> None:
+    """WHAT, a run that trains no team's spec (the checkpoint lifecycle, a snapshot of its own): an admin's only."""
+    if not is_admin(user, home_root):
+        raise RightsError(f"{user} may not run {what}: only the platform's admins do; ask one of them")
