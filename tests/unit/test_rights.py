@@ -108,3 +108,59 @@ def test_the_server_knows_who_asks_only_while_it_serves_their_request(monkeypatc
     monkeypatch.setattr(auth, "_serves_requests", True)  # in the webserver, no request is no one, not the platform
     with pytest.raises(RightsError, match="cannot tell who asked"):
         auth.request_user()
+
+
+def _post(path: str, user: str, document: str, **variables) -> tuple[int, bytes]:
+    """POST a GraphQL request as USER (already signed in: Authenticate's scope) through Authorize; the status and
+    what the stand-in app received."""
+    from training_platform.server.operations import Authorize
+
+    body = json.dumps({"query": document, "variables": variables}).encode()
+    scope = {"type": "http", "method": "POST", "path": path, "query_string": b"", "scheme": "http",
+             "headers": [(b"content-type", b"application/json")], auth.USER_SCOPE_KEY: user}
+    sent, received = [], []
+
+    async def receive():
+        return {"type": "http.request", "body": body[:10], "more_body": True} if not received else \
+            {"type": "http.request", "body": body[10:], "more_body": False}
+
+    async def counting_receive():
+        message = await receive()
+        received.append(message)
+        return message
+
+    async def app(scope, receive, send):
+        message = await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": message["body"]})
+
+    async def send(message):
+        sent.append(message)
+
+    teams = {"run-of-a": "team-a", "run-of-b": "team-b"}
+    rights = Authorize(app, lambda u: u == "carol", lambda u, run_id: teams.get(run_id) == "team-a" and u == "alice")
+    asyncio.run(rights(scope, counting_receive, send))
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_a_member_changes_only_their_teams_runs_and_an_admin_anything():
+    launch = "mutation { launchRun(executionParams: {}) { __typename } }"
+    status, seen = _post("/graphql", "alice", launch)
+    assert status == 200 and json.loads(seen)["query"] == launch  # the app gets the body whole, as it was sent
+    assert _post("/graphql", "alice", "{ runsOrError { __typename } }")[0] == 200  # reading
+    terminate = "mutation($id: String!) { terminateRun(runId: $id) { __typename } }"
+    assert _post("/graphql", "alice", terminate, id="run-of-a")[0] == 200
+    status, said = _post("/graphql", "alice", terminate, id="run-of-b")
+    assert status == 403 and b"alice may not terminateRun run run-of-b" in said
+    many = "mutation { terminateRuns(runIds: [\"run-of-a\", \"run-of-b\"]) { __typename } }"
+    assert _post("/graphql", "alice", many)[0] == 403  # one run of another team among them is enough
+    for admins_only in ("mutation { wipeAssets(assetPartitionRanges: []) { __typename } }",
+                        "mutation { stopSensor(id: \"x\") { __typename } }",
+                        "query Q { __typename } mutation M { reloadWorkspace { __typename } }",  # any operation in it
+                        "mutation { ...F } fragment F on Mutation { reloadWorkspace { __typename } }"):
+        status, said = _post("/graphql", "alice", admins_only)
+        assert status == 403 and b"only the platform's admins" in said, said
+        assert _post("/graphql", "carol", admins_only)[0] == 200
+    assert _post("/graphql", "alice", "mutation {")[0] == 403  # what does not parse is not guessed at
+    assert _post("/report_asset_materialization/dataset_snapshot", "alice", "")[0] == 403
+    assert _post("/report_asset_materialization/dataset_snapshot", "carol", "")[0] == 200

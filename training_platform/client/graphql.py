@@ -37,6 +37,12 @@ class ClientError(PlatformError):
     """The platform server refused a request or could not be reached; the message says why."""
 
 
+class ForbiddenError(ClientError):
+    """The platform server refused a request the user may not make (403); nothing was changed."""
+
+    exit_code = 2
+
+
 @dataclass(frozen=True)
 class DagsterRun:
     """One Dagster run as the server reports it."""
@@ -222,7 +228,7 @@ class PlatformClient:
                 f"the platform server at {self.url} does not know you ({who}; it said: {said}); keep a token with "
                 "`tp login` (an admin makes one: `tp admin token create USER`) or set TP_TOKEN"
             )
-        return ClientError(f"the platform server at {self.url} refused the request (HTTP {status}): {said}")
+        return ForbiddenError(f"the platform server at {self.url} refused: {said}")
 
     def _unreachable(self, reason: str) -> ClientError:
         return ClientError(

@@ -22,6 +22,14 @@ def is_admin(user: str, home_root: Path) -> bool:
     return user == PLATFORM_USER or user in load_teams(home_root)[0].admins
 
 
+def may_act_for_team(user: str, team: str | None, home_root: Path) -> bool:
+    """USER may act on the runs of TEAM (cancel, delete): an admin, or a member of it. A run with no team: admins."""
+    if is_admin(user, home_root):
+        return True
+    declared = load_teams(home_root)[0].teams.get(team) if team else None
+    return declared is not None and user in declared.members
+
+
 def check_may_run(user: str, spec: TrainSpec, home_root: Path) -> str:
     """The owner of USER's run of SPEC (USER, or for an admin the spec's `owner`); a RightsError, one line naming
     the user, the team and who can add them, when USER may not run it."""

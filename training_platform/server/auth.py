@@ -89,7 +89,7 @@ class Authenticate:
         problem = _request_problem(scope, headers, by_cookie)
         if problem is not None:
             status, message = problem
-            await _refuse(scope, send, status, message)
+            await refuse(scope, send, status, message)
             return
         if scope["type"] == "http" and path == WHOAMI_PATH:
             await _json(send, 200, {"user": user})
@@ -116,7 +116,7 @@ class Authenticate:
             await _html(send, 200, _signin_page(target, error=None))
             return
         if scope["method"] != "POST" or not _same_origin(scope, headers, required=False):
-            await _refuse(scope, send, 403, "sign in from the server's own sign-in page")
+            await refuse(scope, send, 403, "sign in from the server's own sign-in page")
             return
         form = parse_qs((await _body(receive, MAX_SIGNIN_BODY)).decode("utf-8", "replace"))
         token = form.get("token", [""])[0].strip()
@@ -135,7 +135,7 @@ class Authenticate:
 async def _signout(scope: Scope, send: Send, headers: dict[str, str]) -> None:
     """Clear the session cookie (a POST from the server's own page) and go to the sign-in page."""
     if scope["method"] != "POST" or not _same_origin(scope, headers, required=True):
-        await _refuse(scope, send, 403, "sign out with the button on the server's own pages")
+        await refuse(scope, send, 403, "sign out with the button on the server's own pages")
         return
     cookie = f"{SESSION_COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict"
     out = [(b"location", SIGNIN_PATH.encode()), (b"set-cookie", cookie.encode()), (b"cache-control", b"no-store")]
@@ -239,10 +239,10 @@ async def _refuse_unknown(scope: Scope, send: Send, headers: dict[str, str]) -> 
         await send({"type": "http.response.start", "status": 303, "headers": [(b"location", location.encode())]})
         await send({"type": "http.response.body", "body": b""})
         return
-    await _refuse(scope, send, 401, "sign in: send a token (tp login, TP_TOKEN) or sign in on the server's page")
+    await refuse(scope, send, 401, "sign in: send a token (tp login, TP_TOKEN) or sign in on the server's page")
 
 
-async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:
+async def refuse(scope: Scope, send: Send, status: int, message: str) -> None:
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 4000 + status})
         return

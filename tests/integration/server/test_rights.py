@@ -1,18 +1,22 @@
 """Who may run for a team, checked in the server whoever calls (issue 63, slice 2): a member runs only for their own
-teams and as themselves, an admin for any team, and only an admin runs the platform's other jobs. `tp` refuses in
+teams and as themselves, an admin for any team, and only an admin runs the platform's other jobs; a member cannot
+terminate or delete another team's run, nor wipe assets or report a snapshot. `tp` refuses in
 one line with nothing created; the same run sent straight over GraphQL with the member's token is failed by the
 server before it is queued, and nothing of it trains. On the test worker's shared server (tests/fixtures/platform.py),
 with two teams and three users of the module's own."""
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.fixtures.platform import last_json, server_logs
-from training_platform.client.graphql import ClientError, PlatformClient
+from training_platform.client.graphql import ClientError, DagsterRun, ForbiddenError, PlatformClient
 from training_platform.client.runs import wait_for
 from training_platform.datasets import build_snapshot
 from training_platform.policy.teams import TEAMS_ENV
@@ -97,12 +101,39 @@ def test_a_members_run_is_tagged_with_who_asked_whatever_the_client_sent(platfor
     assert (run.tags[USER_TAG], run.tags["owner"], run.tags["team"]) == ("alice", "alice", TEAM_A)
 
 
-def test_an_admin_runs_for_any_team_in_its_members_name_and_only_admins_run_other_jobs(platform, tokens, snapshot):
+@pytest.fixture(scope="module")
+def carols_run_for_b(platform, tokens, snapshot) -> DagsterRun:
+    """A run of team-b, which carol (an admin) ran in bob's name."""
     carol = PlatformClient(platform.url, token=tokens["carol"])
     dagster_run_id = _submit(carol, _spec("carol-for-b", TEAM_B, "bob", snapshot), "carol-for-b-1")
-    run = wait_for(platform.client(), dagster_run_id)
+    return wait_for(platform.client(), dagster_run_id)
+
+
+def test_an_admin_runs_for_any_team_in_its_members_name_and_only_admins_run_other_jobs(platform, tokens,
+                                                                                       carols_run_for_b):
+    run = carols_run_for_b
     assert run.status == "SUCCESS", server_logs(platform.home)
     assert (run.tags[USER_TAG], run.tags["owner"], run.tags["team"]) == ("carol", "bob", TEAM_B)
     alice = PlatformClient(platform.url, token=tokens["alice"])
     with pytest.raises(ClientError, match="alice may not run checkpoint_lifecycle_job: only the platform's admins"):
         alice.submit("checkpoint_lifecycle_job", tags={"team": TEAM_A})
+
+
+def test_a_member_cannot_touch_another_teams_run_nor_the_platforms_own_switches(platform, tokens, carols_run_for_b):
+    alice = PlatformClient(platform.url, token=tokens["alice"])
+    with pytest.raises(ForbiddenError, match=f"alice may not terminateRun run {carols_run_for_b.id}: it is not a run"):
+        alice.terminate(carols_run_for_b.id)
+    with pytest.raises(ForbiddenError, match=f"alice may not deleteRun run {carols_run_for_b.id}: it is not a run"):
+        alice.query("mutation($id: String!) { deleteRun(runId: $id) { __typename } }", id=carols_run_for_b.id)
+    assert platform.client().run(carols_run_for_b.id) is not None  # still there
+    with pytest.raises(ForbiddenError, match="alice may not wipeAssets: only the platform's admins"):
+        alice.query("mutation { wipeAssets(assetPartitionRanges: []) { __typename } }")
+    # A reported materialization could make a run train on a snapshot of anyone's choosing: admins only.
+    request = urllib.request.Request(
+        f"{platform.url}/report_asset_materialization/dataset_snapshot", method="POST",
+        data=json.dumps({"metadata": {"expectations_passed": True}}).encode(),
+        headers={"Authorization": f"Bearer {tokens['alice']}", "Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 403 and b"only the platform's admins" in refused.value.read()
