@@ -95,8 +95,15 @@ def queue_tags_of(run: DagsterRun, home: PlatformHome, user: str | None = None) 
         return {"team": UNATTRIBUTED_TEAM, **asked}
     tags = spec_tags(spec)
     if user is not None:
-        tags["owner"] = check_may_run(user, spec, home.root)
+        # With no spec of its own in the request, the run continues a registered run (a resume, a reproduction).
+        tags["owner"] = check_may_run(user, spec, home.root, continues=not _sends_a_spec(run))
     return tags | asked
+
+
+def _sends_a_spec(run: DagsterRun) -> bool:
+    ops: dict[str, Any] = (run.run_config or {}).get("ops", {})
+    configs = [(ops.get(op) or {}).get("config", {}) for op in ("training_run", "dataset_snapshot", "sweep")]
+    return any(config.get("spec") or config.get("sweep_spec") for config in configs)
 
 
 def spec_of(run: DagsterRun, home: PlatformHome, trains: bool, sweep: bool = False) -> TrainSpec | None:

@@ -12,7 +12,8 @@ import pytest
 from training_platform.errors import RightsError, SpecError
 from training_platform.identifiers import PLATFORM_USER
 from training_platform.paths import PlatformHome
-from training_platform.policy.rights import check_may_run, check_may_run_job
+from training_platform.policy.rights import check_may_act_on_run, check_may_run, check_may_run_job
+from training_platform.runs.specs import register_run
 from training_platform.server import auth
 from training_platform.spec import parse_spec
 from training_platform.spec.submission import USER_TAG, training_run_config
@@ -50,6 +51,19 @@ def test_a_member_runs_for_their_own_team_as_themselves(home):
         check_may_run("alice", _spec("nowhere", "alice"), home.root)
 
 
+def test_a_member_continues_a_teammates_run_in_its_owners_name_and_acts_only_on_their_teams_runs(home):
+    assert check_may_run("alice", _spec("team-a", "bob"), home.root, continues=True) == "bob"
+    with pytest.raises(RightsError, match="alice is not a member of team 'team-b'"):
+        check_may_run("alice", _spec("team-b", "bob"), home.root, continues=True)
+    check_may_act_on_run("alice", "r1", "team-a", home.root)
+    check_may_act_on_run("carol", "r1", "team-b", home.root)
+    refused = "alice may not act on run r1: it is a run of team 'team-b'.*ask carol to add alice"
+    with pytest.raises(RightsError, match=refused):
+        check_may_act_on_run("alice", "r1", "team-b", home.root)
+    with pytest.raises(RightsError, match="alice may not act on run r1: it is a run of no team"):
+        check_may_act_on_run("alice", "r1", None, home.root)
+
+
 def test_an_admin_and_the_platform_run_for_any_team_in_the_specs_owners_name(home):
     assert check_may_run("carol", _spec("team-b", "bob"), home.root) == "bob"
     assert check_may_run("carol", _spec("team-empty", "ada"), home.root) == "ada"
@@ -76,6 +90,12 @@ def test_the_coordinator_tags_who_asked_over_what_the_client_sent_and_refuses_wh
     with pytest.raises(RightsError, match="alice may not run someone_elses_job"):
         queue_tags_of(dg.DagsterRun(job_name="someone_elses_job", tags={"team": "team-a"}), home, "alice")
     assert queue_tags_of(dg.DagsterRun(job_name="someone_elses_job"), home, "carol") == {USER_TAG: "carol"}
+    # A run that continues a registered one (its spec from the registry, none in the request): its owner stays.
+    register_run(home, _spec("team-a", "bob"), "bobs-run")
+    resumed = dg.DagsterRun(job_name="training_pipeline", tags={"dagster/partition": "bobs-run"})
+    assert queue_tags_of(resumed, home, "alice")["owner"] == "bob"
+    with pytest.raises(RightsError, match="owner: 'bob' is not you"):  # a new run in bob's name is not that
+        queue_tags_of(_training_run("team-a", "bob"), home, "alice")
     # What the platform starts itself (the daemon: no request) keeps its tags as before, with no user of its own.
     assert USER_TAG not in queue_tags_of(_training_run("team-b", "bob"), home)
 

@@ -20,6 +20,7 @@ from training_platform.client.graphql import IN_PROGRESS
 from training_platform.client.runs import continuation, resubmit, summary
 from training_platform.errors import PlatformError, SpecError
 from training_platform.identifiers import check_run_id
+from training_platform.policy.rights import check_may_act_on_run
 from training_platform.spec.submission import (
     REPRODUCTION_TAG,
     RESUME_TAG,
@@ -39,12 +40,17 @@ STATES = {
 }
 
 
-def located(ref: str) -> tuple[PlatformClient, str, DagsterRun]:
+def located(ref: str, acting: bool = False) -> tuple[PlatformClient, str, DagsterRun]:
     """The platform server's client, and REF's run id and newest Dagster run (`find`). REF is checked first: a
-    mistyped id is told at once, before a server is started to look it up."""
+    mistyped id is told at once, before a server is started to look it up. To act on it (`acting`: cancel, resume,
+    reproduce), the user must be a member of its team or an admin: refused here in one line, as the server would."""
     check_run_id(ref, "run", fix="list runs with `tp runs`")
-    platform = client(home())
-    return platform, *find(platform, ref)
+    platform_home = home()
+    platform = client(platform_home)
+    run_id, current = find(platform, ref)
+    if acting:
+        check_may_act_on_run(platform.whoami(), run_id, current.tags.get("team"), platform_home.root)
+    return platform, run_id, current
 
 
 def find(platform: PlatformClient, ref: str) -> tuple[str, DagsterRun]:
@@ -150,7 +156,7 @@ def logs(
 def cancel(run: RunArg, as_json: JsonFlag = False) -> None:
     """Cancel a queued or running run, and the job it launched on its backend; its checkpoints stay."""
     try:
-        platform, run_id, current = located(run)
+        platform, run_id, current = located(run, acting=True)
         if current.status not in IN_PROGRESS:
             # Between two of its Dagster runs (its snapshot passed; a preemption, before the resume): the
             # next one is cancelled as soon as the server starts it, before it trains.
@@ -181,7 +187,7 @@ def resume(
 ) -> None:
     """Continue a cancelled or failed run from its newest checkpoint."""
     try:
-        platform, run_id, current = located(run)
+        platform, run_id, current = located(run, acting=True)
         if not current.trains:
             raise PlatformError(f"run {run_id} never started training ({current.status}); submit it again")
         if current.status in IN_PROGRESS:
@@ -212,7 +218,7 @@ def _finish(platform: PlatformClient, run_id: str, dagster_run_id: str, detach: 
 def reproduce(run: RunArg, as_json: JsonFlag = False) -> None:
     """Re-run a finished run from its lineage key and report "reproduced exactly" or what differs."""
     try:
-        platform, run_id, current = located(run)
+        platform, run_id, current = located(run, acting=True)
         finished = [r for r in platform.attempts(run_id) if r.status == "SUCCESS"]
         if not finished:
             raise SpecError(

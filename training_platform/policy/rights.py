@@ -30,20 +30,29 @@ def may_act_for_team(user: str, team: str | None, home_root: Path) -> bool:
     return declared is not None and user in declared.members
 
 
-def check_may_run(user: str, spec: TrainSpec, home_root: Path) -> str:
+def check_may_act_on_run(user: str, run_id: str, team: str | None, home_root: Path) -> None:
+    """A RightsError, one line, when USER may not cancel, resume or reproduce run RUN_ID of TEAM."""
+    if not may_act_for_team(user, team, home_root):
+        whose = f"of team {team!r}, and {user} is not a member" if team else "of no team: the platform's own"
+        raise RightsError(f"{user} may not act on run {run_id}: it is a run {whose}; {_who_adds(user, home_root)}")
+
+
+def check_may_run(user: str, spec: TrainSpec, home_root: Path, continues: bool = False) -> str:
     """The owner of USER's run of SPEC (USER, or for an admin the spec's `owner`); a RightsError, one line naming
-    the user, the team and who can add them, when USER may not run it."""
+    the user, the team and who can add them, when USER may not run it. A run that `continues` a registered one (a
+    resume, a reproduction: its spec is the registry's, not the request's) keeps the owner it has."""
     if user == PLATFORM_USER:
         return spec.owner  # the platform's own: its teams are checked when the run trains (preflight)
-    team, path = declared_team(spec.team, home_root)  # an undeclared team: its own SpecError
+    team, _ = declared_team(spec.team, home_root)  # an undeclared team: its own SpecError
     if is_admin(user, home_root):
         return spec.owner
     if user not in team.members:
-        admins = ", ".join(load_teams(home_root)[0].admins) or "the platform's admins"
         raise RightsError(
-            f"{user} is not a member of team {spec.team!r}, so cannot run for it; ask {admins} to add {user} to "
-            f"its members in {path}, or run for your own team"
+            f"{user} is not a member of team {spec.team!r}, so cannot run for it; {_who_adds(user, home_root)}, "
+            "or run for your own team"
         )
+    if continues:
+        return spec.owner
     if spec.owner != user:
         raise RightsError(
             f"owner: {spec.owner!r} is not you ({user}): a member's runs are their own; set owner: {user} in the spec"
@@ -55,3 +64,9 @@ def check_may_run_job(user: str, what: str, home_root: Path) -> None:
     """WHAT, a run that trains no team's spec (the checkpoint lifecycle, a snapshot of its own): an admin's only."""
     if not is_admin(user, home_root):
         raise RightsError(f"{user} may not run {what}: only the platform's admins do; ask one of them")
+
+
+def _who_adds(user: str, home_root: Path) -> str:
+    teams, path = load_teams(home_root)
+    admins = ", ".join(teams.admins) or "the platform's admins"
+    return f"ask {admins} to add {user} to its members in {path}"

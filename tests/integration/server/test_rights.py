@@ -126,6 +126,11 @@ def test_a_member_cannot_touch_another_teams_run_nor_the_platforms_own_switches(
     with pytest.raises(ForbiddenError, match=f"alice may not deleteRun run {carols_run_for_b.id}: it is not a run"):
         alice.query("mutation($id: String!) { deleteRun(runId: $id) { __typename } }", id=carols_run_for_b.id)
     assert platform.client().run(carols_run_for_b.id) is not None  # still there
+    for command in ("cancel", "resume", "reproduce"):  # `tp` says so in one line, before anything else
+        proc = platform.tp(command, "carol-for-b-1", TP_TOKEN=tokens["alice"])
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+        assert f"alice may not act on run carol-for-b-1: it is a run of team '{TEAM_B}'" in errors[0], errors
     with pytest.raises(ForbiddenError, match="alice may not wipeAssets: only the platform's admins"):
         alice.query("mutation { wipeAssets(assetPartitionRanges: []) { __typename } }")
     # A reported materialization could make a run train on a snapshot of anyone's choosing: admins only.
