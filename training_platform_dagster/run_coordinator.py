@@ -10,9 +10,10 @@ checked against the teams file when the run trains (preflight).
 
 A run asked for by a signed-in person (the webserver's request, training_platform/server/auth.py: no other source
 is trusted) is held to that person's rights (policy/rights.py): it runs only for a team that lists them, owned by
-them (an admin's for the spec's `owner`), and a run of the platform's other jobs only for an admin; it is tagged
-with who asked (`tp/user`). A refused run is failed here with the reason, before it is queued. Runs the platform
-starts itself (the daemon's sensors, schedules and backfills) are its own.
+them (an admin's for the spec's `owner`), and a run of the platform's other jobs only for an admin, queued as
+team `platform` whatever the client tagged; it is tagged with who asked (`tp/user`). A refused run is failed here
+with the reason, before it is queued. Runs the platform starts itself (the daemon's sensors, schedules and
+backfills) are its own.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dagster import DagsterRun, Field, QueuedRunCoordinator, SubmitRunContext
 from training_platform.errors import PlatformError
 from training_platform.paths import PlatformHome
 from training_platform.policy.rights import check_may_run, check_may_run_job
-from training_platform.runs.specs import load_run_spec, spec_from_json, spec_tags
+from training_platform.runs.specs import load_run_spec, queue_tags, spec_from_json, spec_tags
 from training_platform.server.auth import request_user
 from training_platform.spec import TrainSpec
 from training_platform.spec.submission import (
@@ -84,9 +85,11 @@ def queue_tags_of(run: DagsterRun, home: PlatformHome, user: str | None = None) 
     asked = {USER_TAG: user} if user is not None else {}
     assets = {key.to_user_string() for key in run.asset_selection or ()}
     if run.job_name not in (TRAINING_JOB, SNAPSHOT_JOB, SWEEP_JOB) and not assets & PLATFORM_ASSETS:
-        if user is not None:
-            check_may_run_job(user, run.job_name, home.root)
-        return asked
+        if user is None:
+            return {}  # the platform's own (a schedule's lifecycle pass): its tags are its own
+        check_may_run_job(user, run.job_name, home.root)
+        # An admin's run of another job is the platform's work: it takes no team's slots, whatever the client tagged.
+        return queue_tags(UNATTRIBUTED_TEAM, "normal", **asked)
     sweep = run.job_name == SWEEP_JOB or "sweep" in assets
     spec = spec_of(run, home, trains=run.job_name == TRAINING_JOB or "training_run" in assets, sweep=sweep)
     if spec is None:

@@ -89,7 +89,9 @@ def test_the_coordinator_tags_who_asked_over_what_the_client_sent_and_refuses_wh
         queue_tags_of(_training_run("team-b", "bob"), home, "alice")
     with pytest.raises(RightsError, match="alice may not run someone_elses_job"):
         queue_tags_of(dg.DagsterRun(job_name="someone_elses_job", tags={"team": "team-a"}), home, "alice")
-    assert queue_tags_of(dg.DagsterRun(job_name="someone_elses_job"), home, "carol") == {USER_TAG: "carol"}
+    # An admin's run of another job queues as the platform's, whatever team and priority the client tagged.
+    lifecycle = dg.DagsterRun(job_name="someone_elses_job", tags={"team": "team-b", "dagster/priority": "10"})
+    assert queue_tags_of(lifecycle, home, "carol") == {"team": "platform", "dagster/priority": "0", USER_TAG: "carol"}
     # A run that continues a registered one (its spec from the registry, none in the request): its owner stays.
     register_run(home, _spec("team-a", "bob"), "bobs-run")
     resumed = dg.DagsterRun(job_name="training_pipeline", tags={"dagster/partition": "bobs-run"})
