@@ -91,41 +91,37 @@ def queue_tags_of(run: DagsterRun, home: PlatformHome, user: str | None = None) 
         # An admin's run of another job is the platform's work: it takes no team's slots, whatever the client tagged.
         return queue_tags(UNATTRIBUTED_TEAM, "normal", **asked)
     sweep = run.job_name == SWEEP_JOB or "sweep" in assets
-    spec = spec_of(run, home, trains=run.job_name == TRAINING_JOB or "training_run" in assets, sweep=sweep)
+    spec, requested = spec_of(run, home, trains=run.job_name == TRAINING_JOB or "training_run" in assets, sweep=sweep)
     if spec is None:
         if user is not None:
             check_may_run_job(user, f"a {run.job_name} run that names no team's spec", home.root)
         return {"team": UNATTRIBUTED_TEAM, **asked}
     tags = spec_tags(spec)
     if user is not None:
-        # With no spec of its own in the request, the run continues a registered run (a resume, a reproduction).
-        tags["owner"] = check_may_run(user, spec, home.root, continues=not _sends_a_spec(run))
+        # A spec that did not come with the request is the registry's: the run continues a registered one (a resume,
+        # a reproduction) and keeps its owner.
+        tags["owner"] = check_may_run(user, spec, home.root, continues=not requested)
     return tags | asked
 
 
-def _sends_a_spec(run: DagsterRun) -> bool:
-    ops: dict[str, Any] = (run.run_config or {}).get("ops", {})
-    configs = [(ops.get(op) or {}).get("config", {}) for op in ("training_run", "dataset_snapshot", "sweep")]
-    return any(config.get("spec") or config.get("sweep_spec") for config in configs)
-
-
-def spec_of(run: DagsterRun, home: PlatformHome, trains: bool, sweep: bool = False) -> TrainSpec | None:
+def spec_of(run: DagsterRun, home: PlatformHome, trains: bool, sweep: bool = False) -> tuple[TrainSpec | None, bool]:
     """The spec a run trains: from its config (a new run, a snapshot that starts one, a sweep's base), else the
     spec its run was registered with (for a snapshot, the run it starts; for a sweep released from the queue,
-    its base); None when it has none, or one that does not parse (the run fails on it, with the full message)."""
+    its base); None when it has none, or one that does not parse (the run fails on it, with the full message).
+    With it, whether it came in the run's config (the request) rather than from the registry or the sweep queue."""
     ops: dict[str, Any] = (run.run_config or {}).get("ops", {})
     try:
         for op in ("training_run", "dataset_snapshot"):
             raw = (ops.get(op) or {}).get("config", {}).get("spec")
             if raw:
-                return spec_from_json(raw, source=f"run config of {op}")
+                return spec_from_json(raw, source=f"run config of {op}"), True
         raw_sweep = (ops.get("sweep") or {}).get("config", {}).get("sweep_spec")
         if raw_sweep:
-            return parse_sweep(json.loads(raw_sweep), source="run config of sweep").base_spec
+            return parse_sweep(json.loads(raw_sweep), source="run config of sweep").base_spec, True
         if sweep and (name := run.tags.get(PARTITION_TAG)):
             queued = SweepQueue(home.root).get(name)
-            return queued.sweep.base_spec if queued is not None else None
+            return (queued.sweep.base_spec if queued is not None else None), False
         registered = run.tags.get(PARTITION_TAG) if trains else run.tags.get(THEN_TRAIN_TAG)
-        return load_run_spec(home, registered) if registered else None
+        return (load_run_spec(home, registered) if registered else None), False
     except (PlatformError, json.JSONDecodeError):
-        return None
+        return None, True
